@@ -1,0 +1,1 @@
+"""Pallas kernels for jaxrl's attention hot paths (prefill and decode)."""
