@@ -184,7 +184,8 @@ def ppo_clip_loss(
         dual  : if A < 0, L_t = min(L_t, -c A)   (c = dual_clip > 1)
 
     Schulman et al. 2017, "Proximal Policy Optimization Algorithms"; clip-higher from DAPO (Yu et
-    al. 2025); dual clip from Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL".
+    al. 2025); dual clip from Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep
+    RL".
     """
     adv_BT = adv_B[:, None]
     log_ratio_BT = logp_BT - old_logp_BT
@@ -325,7 +326,7 @@ def seq_mean_token_sum_norm(
 
 @KL_ESTIMATORS.register("k1")
 def k1(logp_BT: Array, ref_logp_BT: Array) -> Array:
-    """k1 = -log r = log pi - log pi_ref (unbiased, high variance, can be negative). Schulman 2020."""
+    """k1 = -log r = log pi - log pi_ref (unbiased, high variance, may be < 0). Schulman 2020."""
     return logp_BT - ref_logp_BT
 
 
