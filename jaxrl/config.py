@@ -1,0 +1,283 @@
+"""Experiment configuration: frozen dataclasses, experiment files, strict CLI overrides.
+
+An experiment is a Python file in `configs/` with a function `config() -> RunConfig`. Overrides are
+`--a.b=c` strings applied on top; an unknown key, a value of the wrong type or a value outside an
+enum fails with a message that names the key, the valid choices and the value received.
+
+This module imports no JAX, so sandbox workers and tools can read configs cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+DTypeName = Literal["float32", "bfloat16", "float16"]
+AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
+Architecture = Literal["llama", "qwen2", "qwen3"]
+
+
+class ConfigError(ValueError):
+    """A config value, key or file is invalid; the message says which and what is allowed."""
+
+
+def _check_choice(owner: str, name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{owner}.{name}: invalid value {value!r}; valid choices: {list(choices)}")
+
+
+def _check_positive(owner: str, **values: Any) -> None:
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise ConfigError(f"{owner}.{name}: must be > 0, got {value!r}")
+
+
+def _literal_choices(tp: Any) -> tuple | None:
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    return None
+
+
+def validate_literals(obj: Any) -> None:
+    """Check every `Literal[...]` field of a dataclass instance against its choices."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        choices = _literal_choices(hints[f.name])
+        if choices is not None:
+            _check_choice(type(obj).__name__, f.name, getattr(obj, f.name), choices)
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style RoPE frequency scaling (`rope_type: llama3` in HF configs)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only transformer of the Llama / Qwen2 / Qwen3 family."""
+
+    architecture: Architecture = "qwen2"
+    vocab_size: int = 128
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int | None = None  # None: hidden_size // num_heads
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 2048
+    tie_embeddings: bool = True
+    qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
+    dtype: DTypeName = "float32"  # compute dtype
+    param_dtype: DTypeName = "float32"  # storage dtype
+    attention_impl: AttentionImpl = "auto"
+    remat: bool = False  # rematerialise each decoder layer in the backward pass
+
+    def __post_init__(self):
+        validate_literals(self)
+        _check_positive(
+            "model",
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+        )
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model.num_heads ({self.num_heads}) must be a multiple of "
+                f"model.num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"model.hidden_size ({self.hidden_size}) is not divisible by model.num_heads "
+                f"({self.num_heads}); set model.head_dim explicitly"
+            )
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+    def num_params(self, include_embeddings: bool = True) -> int:
+        """Parameter count (used for FLOP estimates)."""
+        e, f, d = self.hidden_size, self.intermediate_size, self.head_size
+        attn = e * d * (self.num_heads * 2 + self.num_kv_heads * 2)
+        if self.qkv_bias:
+            attn += d * (self.num_heads + 2 * self.num_kv_heads)
+        if self.qk_norm:
+            attn += 2 * d
+        layer = attn + 3 * e * f + 2 * e
+        total = self.num_layers * layer + e
+        if include_embeddings:
+            total += self.vocab_size * e * (1 if self.tie_embeddings else 2)
+        return total
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """How devices are split between the trainer and the generator.
+
+    `trainer` is (fsdp, tp) and `generator` is (dp, tp). `None` means automatic: half of the
+    devices each (all of them for both roles when there is only one device, i.e. colocated).
+    With `colocated=True` both roles use the same devices, time-shared.
+    """
+
+    trainer: tuple[int, ...] | None = None
+    generator: tuple[int, ...] | None = None
+    colocated: bool = False
+
+    def __post_init__(self):
+        for name in ("trainer", "generator"):
+            shape = getattr(self, name)
+            if shape is None:
+                continue
+            if len(shape) != 2 or any(int(s) < 1 for s in shape):
+                axes = "(fsdp, tp)" if name == "trainer" else "(dp, tp)"
+                raise ConfigError(
+                    f"mesh.{name}: expected two positive sizes {axes}, e.g. 4x1; got {shape!r}"
+                )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One experiment. Later parts of jaxrl add their sections here."""
+
+    name: str = "default"
+    seed: int = 0
+    run_dir: str = "runs"
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+
+
+# ----------------------------------------------------------------------------- overrides
+
+
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) < len(typing.get_args(tp)) and len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def parse_value(key: str, text: str, tp: Any) -> Any:
+    """Parse `text` as a value of type `tp` for `key`, or raise ConfigError."""
+    inner, optional = _strip_optional(tp)
+    if optional and text.strip().lower() in ("none", "null"):
+        return None
+    choices = _literal_choices(inner)
+    if choices is not None:
+        if text not in [str(c) for c in choices]:
+            raise ConfigError(f"--{key}: invalid value {text!r}; valid choices: {list(choices)}")
+        return next(c for c in choices if str(c) == text)
+    if inner is bool:
+        low = text.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ConfigError(f"--{key}: expected a boolean (true/false), got {text!r}")
+    if inner in (int, float, str):
+        if inner is str:
+            return text
+        try:
+            return inner(text)
+        except ValueError:
+            raise ConfigError(f"--{key}: expected {inner.__name__}, got {text!r}") from None
+    if typing.get_origin(inner) is tuple:
+        args = typing.get_args(inner)
+        elem = args[0] if args else str
+        parts = [p for p in text.replace("x", ",").strip("()[] ").split(",") if p.strip()]
+        if elem is str:
+            parts = [p for p in text.strip("()[] ").split(",") if p.strip()]
+        return tuple(parse_value(key, p.strip(), elem) for p in parts)
+    if dataclasses.is_dataclass(inner):
+        raise ConfigError(f"--{key}: is a section; set its fields, e.g. --{key}.<field>=...")
+    raise ConfigError(f"--{key}: cannot parse values of type {inner!r}")
+
+
+def _field_map(obj: Any) -> dict[str, tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(type(obj))
+    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(obj)}
+
+
+def apply_override(cfg: Any, key: str, text: str) -> Any:
+    """Return a copy of `cfg` with the dotted `key` set from `text`."""
+    head, _, rest = key.partition(".")
+    fields = _field_map(cfg)
+    if head not in fields:
+        raise ConfigError(
+            f"--{key}: unknown key {head!r} in {type(cfg).__name__}; valid keys: {sorted(fields)}"
+        )
+    _, tp = fields[head]
+    current = getattr(cfg, head)
+    if rest:
+        inner, _ = _strip_optional(tp)
+        if not dataclasses.is_dataclass(inner):
+            raise ConfigError(f"--{key}: {head!r} is a value, not a section")
+        if current is None:
+            current = inner()
+        try:
+            new = apply_override(current, rest, text)
+        except ConfigError as e:
+            raise ConfigError(str(e).replace(f"--{rest}:", f"--{key}:", 1)) from None
+    else:
+        new = parse_value(key, text, tp)
+    try:
+        return dataclasses.replace(cfg, **{head: new})
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"--{key}={text}: {e}") from None
+
+
+def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
+    """Apply `--a.b=c` (or `a.b=c`) strings in order."""
+    for item in overrides:
+        body = item[2:] if item.startswith("--") else item
+        if "=" not in body:
+            raise ConfigError(f"override {item!r} must look like --key.sub=value")
+        key, text = body.split("=", 1)
+        cfg = apply_override(cfg, key.strip(), text)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Any:
+    """Load `config()` from an experiment file and apply overrides."""
+    path = Path(path)
+    if not path.is_file():
+        shipped = sorted(p.name for p in Path(__file__).parent.parent.glob("configs/*.py"))
+        raise ConfigError(f"config file {str(path)!r} not found; shipped configs: {shipped}")
+    spec = importlib.util.spec_from_file_location(f"_jaxrl_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "config", None)):
+        raise ConfigError(f"{path}: must define a function `config()` returning a RunConfig")
+    cfg = module.config()
+    if not dataclasses.is_dataclass(cfg):
+        raise ConfigError(f"{path}: config() returned {type(cfg).__name__}, not a config dataclass")
+    return apply_overrides(cfg, overrides or [])
+
+
+def to_dict(cfg: Any) -> dict:
+    """A JSON-friendly dict of a config (for run directories and cache keys)."""
+    return dataclasses.asdict(cfg)

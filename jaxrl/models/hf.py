@@ -1,0 +1,289 @@
+"""Hugging Face checkpoints: read and write local `config.json` + `*.safetensors` directories.
+
+Supports `LlamaForCausalLM`, `Qwen2ForCausalLM` and `Qwen3ForCausalLM`. Tensors are read one at a
+time from memory-mapped safetensors files (bf16 included, via ml_dtypes), converted to jaxrl's
+layout, and — when a mesh is given — placed straight onto their shards.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxrl.config import ModelConfig, RopeScaling
+from jaxrl.models.model import abstract_model
+from jaxrl.models.transformer import Transformer
+from jaxrl.sharding import Role, state_shardings
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_ST_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+_ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory cannot be read as (or written to) a supported model."""
+
+
+# --------------------------------------------------------------------------- safetensors I/O
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Memory-mapped arrays for every tensor in one `.safetensors` file."""
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
+    header.pop("__metadata__", None)
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+    out = {}
+    for name, info in header.items():
+        if info["dtype"] not in _ST_DTYPES:
+            raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+        start, end = info["data_offsets"]
+        out[name] = data[start:end].view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
+    return out
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    header, offset, blobs = {}, 0, []
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr)
+        nbytes = arr.nbytes
+        header[name] = {"dtype": _ST_NAMES[arr.dtype], "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        blobs.append(arr)
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for arr in blobs:
+            f.write(arr.tobytes())
+    tmp.replace(path)
+
+
+def _checkpoint_tensors(path: Path) -> dict[str, np.ndarray]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path}: no *.safetensors files (only safetensors are supported)")
+    tensors = {}
+    for name in files:
+        tensors.update(read_safetensors(path / name))
+    return tensors
+
+
+# --------------------------------------------------------------------------- config mapping
+
+
+def config_from_hf(hf: dict, **overrides) -> ModelConfig:
+    """Translate a HF `config.json` dict into a ModelConfig."""
+    archs = hf.get("architectures") or []
+    arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
+    if arch is None:
+        raise CheckpointError(
+            f"unsupported architecture {archs!r}; supported: {sorted(ARCHITECTURES)}"
+        )
+    if hf.get("mlp_bias"):
+        raise CheckpointError("mlp_bias=true is not supported")
+    if hf.get("use_sliding_window"):
+        raise CheckpointError("use_sliding_window=true is not supported")
+    rope = dict(hf.get("rope_parameters") or {})
+    legacy = hf.get("rope_scaling") or {}
+    rope = {**legacy, **rope}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    scaling = None
+    if rope_type == "llama3":
+        scaling = RopeScaling(
+            factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
+            high_freq_factor=float(rope["high_freq_factor"]),
+            original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+        )
+    elif rope_type not in ("default", None):
+        raise CheckpointError(f"unsupported rope_type {rope_type!r}; supported: default, llama3")
+    heads = hf["num_attention_heads"]
+    fields = dict(
+        architecture=arch,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        rope_scaling=scaling,
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)),
+        qk_norm=arch == "qwen3",
+    )
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def config_to_hf(cfg: ModelConfig, dtype: str = "float32") -> dict:
+    arch = {v: k for k, v in ARCHITECTURES.items()}[cfg.architecture]
+    out = {
+        "architectures": [arch],
+        "model_type": _MODEL_TYPES[cfg.architecture],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "rope_theta": cfg.rope_theta,
+        "torch_dtype": dtype,
+        "use_cache": True,
+    }
+    if cfg.architecture == "llama":
+        out["attention_bias"] = cfg.qkv_bias
+        out["mlp_bias"] = False
+    if cfg.rope_scaling is not None:
+        rs = cfg.rope_scaling
+        out["rope_scaling"] = {
+            "rope_type": "llama3", "factor": rs.factor, "low_freq_factor": rs.low_freq_factor,
+            "high_freq_factor": rs.high_freq_factor,
+            "original_max_position_embeddings": rs.original_max_position_embeddings,
+        }
+    return out
+
+
+# --------------------------------------------------------------------------- tensor mapping
+
+Convert = Callable[[np.ndarray], np.ndarray]
+
+
+def _tensor_map(cfg: ModelConfig) -> dict[tuple, tuple[str, Convert, Convert]]:
+    """jaxrl parameter path -> (HF tensor name, HF->jaxrl conversion, jaxrl->HF conversion)."""
+    h, k, d, e = cfg.num_heads, cfg.num_kv_heads, cfg.head_size, cfg.hidden_size
+    same = (lambda x: x, lambda x: x)
+    transpose = (lambda x: x.T, lambda x: x.T)
+
+    def proj_in(n):  # HF [n*D, E] <-> jaxrl [E, n, D]
+        return (lambda x: x.reshape(n, d, e).transpose(2, 0, 1),
+                lambda x: x.transpose(1, 2, 0).reshape(n * d, e))
+
+    def bias(n):  # HF [n*D] <-> jaxrl [n, D]
+        return (lambda x: x.reshape(n, d), lambda x: x.reshape(n * d))
+
+    proj_out = (lambda x: x.reshape(e, h, d).transpose(1, 2, 0),  # HF [E, H*D] <-> [H, D, E]
+                lambda x: x.transpose(2, 0, 1).reshape(e, h * d))
+    m = {("embed",): ("model.embed_tokens.weight", *same),
+         ("final_norm", "weight"): ("model.norm.weight", *same)}
+    if not cfg.tie_embeddings:
+        m[("lm_head",)] = ("lm_head.weight", *transpose)
+    for i in range(cfg.num_layers):
+        p, a = f"model.layers.{i}.", ("layers", i)
+        m[a + ("input_norm", "weight")] = (p + "input_layernorm.weight", *same)
+        m[a + ("post_attn_norm", "weight")] = (p + "post_attention_layernorm.weight", *same)
+        for name, n in (("q", h), ("k", k), ("v", k)):
+            m[a + ("attn", f"{name}_proj")] = (p + f"self_attn.{name}_proj.weight", *proj_in(n))
+            if cfg.qkv_bias:
+                m[a + ("attn", f"{name}_bias")] = (p + f"self_attn.{name}_proj.bias", *bias(n))
+        m[a + ("attn", "o_proj")] = (p + "self_attn.o_proj.weight", *proj_out)
+        if cfg.qk_norm:
+            m[a + ("attn", "q_norm", "weight")] = (p + "self_attn.q_norm.weight", *same)
+            m[a + ("attn", "k_norm", "weight")] = (p + "self_attn.k_norm.weight", *same)
+        for name in ("gate", "up", "down"):
+            m[a + ("mlp", f"{name}_proj")] = (p + f"mlp.{name}_proj.weight", *transpose)
+    return m
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def load_pretrained(
+    path: str | Path,
+    dtype: str | None = None,
+    *,
+    mesh: Mesh | None = None,
+    role: Role = "trainer",
+    **config_overrides,
+) -> tuple[ModelConfig, Transformer]:
+    """Load a local HF directory into `(config, model)`; with `mesh`, onto its shards directly.
+
+    `dtype` sets both the parameter and compute dtype (default: float32).
+    """
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: no config.json (expected a local Hugging Face directory)")
+    if dtype is not None:
+        config_overrides.setdefault("dtype", dtype)
+        config_overrides.setdefault("param_dtype", dtype)
+    cfg = config_from_hf(json.loads((path / "config.json").read_text()), **config_overrides)
+    tensors = _checkpoint_tensors(path)
+    graphdef, abstract = nnx.split(abstract_model(cfg))
+    shardings = state_shardings(abstract, mesh, role) if mesh is not None else None
+    flat_shardings = dict(shardings.flat_state()) if shardings is not None else {}
+    tmap = _tensor_map(cfg)
+    leaves = []
+    for path_key, var in abstract.flat_state():
+        if path_key not in tmap:
+            raise CheckpointError(f"internal: no HF name for parameter {path_key}")
+        name, to_ours, _ = tmap[path_key]
+        want = tuple(var.get_value().shape)
+        if name not in tensors:
+            raise CheckpointError(f"{path}: missing tensor {name!r} (expected shape {want})")
+        try:
+            arr = to_ours(np.asarray(tensors[name]))
+        except ValueError:
+            arr = None
+        if arr is None or tuple(arr.shape) != want:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)}, which does not "
+                f"fit parameter {'/'.join(map(str, path_key))} of shape {want}"
+            )
+        arr = arr.astype(var.get_value().dtype)
+        sharding = flat_shardings.get(path_key)
+        value = jax.device_put(arr, sharding) if sharding is not None else jax.numpy.asarray(arr)
+        leaves.append((path_key, var.replace(value)))
+    state = nnx.State.from_flat_path(leaves)
+    return cfg, nnx.merge(graphdef, state)
+
+
+def save_pretrained(
+    model: Transformer, cfg: ModelConfig, path: str | Path, dtype: str = "float32"
+) -> Path:
+    """Write `config.json` + `model.safetensors` that `transformers` loads back."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16,
+                "float16": np.float16}[dtype]
+    tmap = _tensor_map(cfg)
+    tensors = {}
+    for path_key, var in nnx.state(model, nnx.Param).flat_state():
+        name, _, to_hf = tmap[path_key]
+        host = np.asarray(jax.device_get(var.get_value()), dtype=np.float32)
+        tensors[name] = to_hf(host).astype(np_dtype)
+    write_safetensors(path / "model.safetensors", tensors)
+    (path / "config.json").write_text(json.dumps(config_to_hf(cfg, dtype), indent=2))
+    return path

@@ -1,0 +1,253 @@
+"""A decoder-only transformer for the Llama / Qwen2 / Qwen3 families, in Flax NNX.
+
+RMSNorm, rotary embeddings (theta, optional Llama-3 frequency scaling), grouped-query attention,
+SwiGLU MLP, optional QKV bias (Qwen2), optional per-head q/k RMSNorm (Qwen3), tied or untied
+embeddings. Every parameter carries `logical_axes` metadata; `jaxrl.sharding` maps them to a mesh.
+
+Shape suffixes: B batch, T query length, S key length, E embed, H query heads, K kv heads,
+D head dim, F mlp, V vocab, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl.config import ModelConfig
+from jaxrl.models.attention import attention, cached_attention
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def _param(rngs: nnx.Rngs, shape, axes, dtype, std: float | None = None, ones=False):
+    if ones:
+        value = jnp.ones(shape, dtype)
+    elif std is None:
+        value = jnp.zeros(shape, dtype)
+    else:
+        value = (std * jax.random.truncated_normal(rngs.params(), -2.0, 2.0, shape)).astype(dtype)
+    return nnx.Param(value, logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, axis_name: str, param_dtype, rngs: nnx.Rngs):
+        self.weight = _param(rngs, (dim,), (axis_name,), param_dtype, ones=True)
+        self.eps = eps
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (x32 * self.weight[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_frequencies(cfg: ModelConfig):
+    """Inverse frequencies `[D/2]`, with Llama-3 scaling when configured."""
+    d = cfg.head_size
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    rs = cfg.rope_scaling
+    if rs is None:
+        return inv_freq
+    # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, the band between
+    # interpolated linearly in 1/wavelength.
+    low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
+    high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
+    smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
+        rs.high_freq_factor - rs.low_freq_factor
+    )
+    mid = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    in_band = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(in_band, mid, scaled)
+
+
+def apply_rope(x_BTHD, positions_BT, inv_freq):
+    """Rotate pairs (i, i + D/2) by angle position * inv_freq[i] (the HF "rotate_half" layout)."""
+    angles_BTF = positions_BT[..., None].astype(jnp.float32) * inv_freq
+    cos, sin = jnp.cos(angles_BTF)[:, :, None, :], jnp.sin(angles_BTF)[:, :, None, :]
+    x1, x2 = jnp.split(x_BTHD.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BTHD.dtype)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+    """Per-layer key/value caches `[B, S, K, D]` and the number of valid entries per row."""
+
+    k: list  # L arrays [B, S, K, D]
+    v: list
+    lengths_B: jax.Array  # int32 [B]
+
+    LOGICAL_AXES = ("cache_batch", "length", "kv_heads", "head_dim")
+
+    @classmethod
+    def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+        dtype = dtype or DTYPES[cfg.dtype]
+        shape = (batch, max_len, cfg.num_kv_heads, cfg.head_size)
+        zeros = [jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)]
+        return cls(k=zeros, v=[jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)],
+                   lengths_B=jnp.zeros((batch,), jnp.int32))
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[1]
+
+
+def _write_rows(cache_BSKD, new_BTKD, start_B):
+    """Write each row's T new entries at its own offset."""
+    write = lambda c, n, s: jax.lax.dynamic_update_slice(c, n, (s, 0, 0))
+    return jax.vmap(write)(cache_BSKD, new_BTKD.astype(cache_BSKD.dtype), start_B)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_size
+        pd = DTYPES[cfg.param_dtype]
+        std = 0.02
+        self.cfg = cfg
+        self.q_proj = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd, std)
+        self.k_proj = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd, std)
+        self.v_proj = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd, std)
+        self.o_proj = _param(rngs, (h, d, e), ("heads", "head_dim", "embed"), pd, std)
+        if cfg.qkv_bias:
+            self.q_bias = _param(rngs, (h, d), ("heads", "head_dim"), pd)
+            self.k_bias = _param(rngs, (k, d), ("kv_heads", "head_dim"), pd)
+            self.v_bias = _param(rngs, (k, d), ("kv_heads", "head_dim"), pd)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs)
+
+    def _qkv(self, x_BTE, positions_BT, inv_freq):
+        dt = x_BTE.dtype
+        q = jnp.einsum("bte,ehd->bthd", x_BTE, self.q_proj[...].astype(dt))
+        k = jnp.einsum("bte,ekd->btkd", x_BTE, self.k_proj[...].astype(dt))
+        v = jnp.einsum("bte,ekd->btkd", x_BTE, self.v_proj[...].astype(dt))
+        if self.cfg.qkv_bias:
+            q = q + self.q_bias[...].astype(dt)
+            k = k + self.k_bias[...].astype(dt)
+            v = v + self.v_bias[...].astype(dt)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, positions_BT, inv_freq), apply_rope(k, positions_BT, inv_freq), v
+
+    def __call__(self, x_BTE, positions_BT, segment_ids_BT, inv_freq):
+        q, k, v = self._qkv(x_BTE, positions_BT, inv_freq)
+        out_BTHD = attention(q, k, v, segment_ids_BT=segment_ids_BT, impl=self.cfg.attention_impl)
+        return jnp.einsum("bthd,hde->bte", out_BTHD, self.o_proj[...].astype(x_BTE.dtype))
+
+    def decode(self, x_BTE, positions_BT, k_cache, v_cache, lengths_B, new_lengths_B, inv_freq):
+        q, k, v = self._qkv(x_BTE, positions_BT, inv_freq)
+        k_cache = _write_rows(k_cache, k, lengths_B)
+        v_cache = _write_rows(v_cache, v, lengths_B)
+        out_BTHD = cached_attention(
+            q, k_cache, v_cache, positions_BT, new_lengths_B, impl=self.cfg.attention_impl
+        )
+        out = jnp.einsum("bthd,hde->bte", out_BTHD, self.o_proj[...].astype(x_BTE.dtype))
+        return out, k_cache, v_cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        e, f, pd = cfg.hidden_size, cfg.intermediate_size, DTYPES[cfg.param_dtype]
+        self.gate_proj = _param(rngs, (e, f), ("embed", "mlp"), pd, 0.02)
+        self.up_proj = _param(rngs, (e, f), ("embed", "mlp"), pd, 0.02)
+        self.down_proj = _param(rngs, (f, e), ("mlp", "embed"), pd, 0.02)
+
+    def __call__(self, x_BTE):
+        dt = x_BTE.dtype
+        gate_BTF = x_BTE @ self.gate_proj[...].astype(dt)
+        up_BTF = x_BTE @ self.up_proj[...].astype(dt)
+        return (jax.nn.silu(gate_BTF) * up_BTF) @ self.down_proj[...].astype(dt)
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        pd = DTYPES[cfg.param_dtype]
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
+        self.attn = Attention(cfg, rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x_BTE, positions_BT, segment_ids_BT, inv_freq):
+        x_BTE = x_BTE + self.attn(self.input_norm(x_BTE), positions_BT, segment_ids_BT, inv_freq)
+        return x_BTE + self.mlp(self.post_attn_norm(x_BTE))
+
+    def decode(self, x_BTE, positions_BT, k_cache, v_cache, lengths_B, new_lengths_B, inv_freq):
+        h, k_cache, v_cache = self.attn.decode(
+            self.input_norm(x_BTE), positions_BT, k_cache, v_cache, lengths_B, new_lengths_B,
+            inv_freq,
+        )
+        x_BTE = x_BTE + h
+        return x_BTE + self.mlp(self.post_attn_norm(x_BTE)), k_cache, v_cache
+
+
+class Transformer(nnx.Module):
+    """`model(tokens_BT, positions_BT=None, segment_ids_BT=None) -> logits_BTV` (float32)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        pd = DTYPES[cfg.param_dtype]
+        self.cfg = cfg
+        self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd, 0.02)
+        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
+        if not cfg.tie_embeddings:
+            self.lm_head = _param(
+                rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd, 0.02
+            )
+
+    def _embed(self, tokens_BT):
+        return self.embed[...][tokens_BT].astype(DTYPES[self.cfg.dtype])
+
+    def hidden(self, tokens_BT, positions_BT=None, segment_ids_BT=None):
+        """Final-normed hidden states `[B, T, E]` (feed `logits` in chunks to save memory)."""
+        if positions_BT is None:
+            positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
+        inv_freq = rope_frequencies(self.cfg)
+        x_BTE = self._embed(tokens_BT)
+        for layer in self.layers:
+            if self.cfg.remat:
+                x_BTE = nnx.remat(lambda lyr, x: lyr(x, positions_BT, segment_ids_BT, inv_freq))(
+                    layer, x_BTE
+                )
+            else:
+                x_BTE = layer(x_BTE, positions_BT, segment_ids_BT, inv_freq)
+        return self.final_norm(x_BTE)
+
+    def logits(self, h_BTE):
+        """Project hidden states to float32 vocabulary logits."""
+        if self.cfg.tie_embeddings:
+            w_EV = self.embed[...].astype(h_BTE.dtype).T
+        else:
+            w_EV = self.lm_head[...].astype(h_BTE.dtype)
+        return jnp.einsum("bte,ev->btv", h_BTE, w_EV, preferred_element_type=jnp.float32)
+
+    def __call__(self, tokens_BT, positions_BT=None, segment_ids_BT=None):
+        return self.logits(self.hidden(tokens_BT, positions_BT, segment_ids_BT))
+
+    def decode(self, tokens_BT, cache: KVCache, num_valid_B=None):
+        """Append T tokens per row to the cache at each row's current length.
+
+        Returns `(logits_BTV, new_cache)`. Row b's tokens get positions `lengths[b] + t`; only the
+        first `num_valid_B[b]` (default T) count towards the new length — the rest are padding that
+        later writes overwrite. Used for prompt prefill into a slot and for one-token decode steps.
+        """
+        b, t = tokens_BT.shape
+        lengths_B = cache.lengths_B
+        new_lengths_B = lengths_B + (t if num_valid_B is None else num_valid_B)
+        positions_BT = lengths_B[:, None] + jnp.arange(t)[None, :]
+        inv_freq = rope_frequencies(self.cfg)
+        x_BTE = self._embed(tokens_BT)
+        new_k, new_v = [], []
+        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v, strict=True):
+            x_BTE, k_cache, v_cache = layer.decode(
+                x_BTE, positions_BT, k_cache, v_cache, lengths_B, lengths_B + t, inv_freq
+            )
+            new_k.append(k_cache)
+            new_v.append(v_cache)
+        logits = self.logits(self.final_norm(x_BTE))
+        return logits, KVCache(k=new_k, v=new_v, lengths_B=new_lengths_B.astype(jnp.int32))
