@@ -1,0 +1,268 @@
+"""The analytic throughput model: rates of the generator, the trainer and the pipeline.
+
+Generator (one replica of p chips, continuous batching with b slots holding K KV tokens):
+
+    decode step  t(b, K) = max( (params_read(b) * B_w + K * kv_bytes) / (p * BW * eff_bw),
+                                (2 N_active b + 4 L H d K) / (p * peak * mfu_decode) )
+    prefill      t_pre   = (2 N_active P' + 4 L H d P'^2 / 2) / (p * peak * mfu_prefill)
+                 with P' = P / G when a group shares its prompt's prefill
+    slots        b = min(max_slots, (p * HBM * f_mem - N_total * B_w) / (kv_bytes * K_slot))
+                 K_slot = P + E[R^2] / (2 E[R])  (length-biased resident KV per slot)
+    samples/s    = replicas / (E[R] * t(b, b K_slot) / b + t_pre)
+
+Trainer (C_t chips): FLOPs per sample F = (6 epochs + 2 logprob_passes) N_active E[T]
+(+ the same multiples of the causal attention term 4 L H d E[T^2] / 2), samples/s =
+C_t * peak * MFU_train / F.
+
+Weight sync: N_total * B_w bytes broadcast (pipelined) from the trainer shards to every
+replica: t = bytes / (min(C_t, p) * link_bw * eff_sync) + latency, link = NVLink/ICI inside one
+node, the per-chip NIC across nodes.
+
+Pipeline (batch B, zero-variance fraction z, generator work W = B / (1 - z) / gen_rate,
+training time X = B / trainer_rate, sync S, barrier time G_b = max(W, tail) where the tail is
+the expected longest of B / (1 - z) responses decoded alone, sandbox latency Q):
+
+    sync      step = G_b + Q + S + X
+    periodic  step = max(G_b + Q, X) + S                (staleness <= 1)
+    async k   step = max(G_b + S, X) for k >= 1 (= sync for k = 0; staleness <= k)
+    inflight  step = max(W + S, X)                      (no batch barrier; per-token versions)
+
+consumed samples/s = B / step, trainer idle = 1 - X / step, MFU = MFU_train * (1 - idle).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from jaxrl.planner.hardware import HardwareSpec
+from jaxrl.planner.specs import Efficiency, ModelSpec, Workload
+
+MODES: tuple[str, ...] = ("sync", "periodic", "async", "inflight")
+
+
+class Infeasible(ValueError):
+    """A split that cannot run (weights do not fit, too few chips for one replica, ...)."""
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"unknown pipeline mode {mode!r}; valid: {list(MODES)}")
+    return mode
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratorModel:
+    """Decode/prefill costs of one generator replica and the fleet's steady-state rate."""
+
+    model: ModelSpec
+    hw: HardwareSpec
+    workload: Workload
+    eff: Efficiency
+    replica_chips: int
+    replicas: int
+    slots: int  # per replica
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.model.kv_elems_per_token * self.eff.gen_bytes_per_param
+
+    def step_time(self, b: float, kv_tokens: float) -> float:
+        """Seconds of one decode step on one replica with `b` active sequences holding
+        `kv_tokens` KV tokens in all."""
+        if b <= 0:
+            return 0.0
+        m, hw, p = self.model, self.hw, self.replica_chips
+        mem = m.params_read(b) * self.eff.gen_bytes_per_param + kv_tokens * self.kv_bytes_per_token
+        t_mem = mem / (p * hw.hbm_bw * self.eff.decode_bw_eff)
+        flops = 2 * m.active_params * b
+        if self.eff.count_attention:
+            flops += m.attention_flops_per_token(kv_tokens)
+        return max(t_mem, flops / (p * hw.peak_flops * self.eff.decode_mfu))
+
+    @property
+    def prefill_s(self) -> float:
+        """Seconds of one replica to prefill one sample's prompt (shared across its group)."""
+        w, m = self.workload, self.model
+        tokens = w.prompt_len / w.group_size if w.prefix_sharing else w.prompt_len
+        flops = 2 * m.active_params * tokens
+        if self.eff.count_attention:
+            flops += m.attention_flops_per_token(w.prompt_len / 2) * tokens
+        return flops / (self.replica_chips * self.hw.peak_flops * self.eff.prefill_mfu)
+
+    @property
+    def samples_per_s(self) -> float:
+        stats = self.workload.response_stats()
+        k_slot = stats.resident_kv_tokens
+        per_sample = stats.mean * self.step_time(self.slots, self.slots * k_slot) / self.slots
+        return self.replicas / (per_sample + self.prefill_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.samples_per_s * self.workload.response_stats().mean
+
+    def tail_s(self, n: int) -> float:
+        """Lower bound on one batch's generation: its expected longest of `n` responses decoded
+        at low occupancy (the straggler after the batch's other samples are done)."""
+        w = self.workload
+        longest = w.response_quantile(1.0 - 1.0 / (n + 1))
+        return self.prefill_s + longest * self.step_time(1, w.prompt_len + longest / 2)
+
+
+def replica_chips(model: ModelSpec, hw: HardwareSpec, eff: Efficiency) -> int:
+    """Chips per generator replica: the override, else the smallest power of two whose usable
+    memory holds the weights twice (half of it left for the KV cache)."""
+    if eff.gen_replica_chips:
+        return eff.gen_replica_chips
+    weights = model.total_params * eff.gen_bytes_per_param
+    p = 1
+    while weights > 0.5 * p * hw.hbm_bytes * eff.kv_mem_frac:
+        p *= 2
+        if p > 4096:
+            raise Infeasible(f"{model.name} weights ({weights:.3g} B) need > 4096 {hw.name} chips")
+    return p
+
+
+def generator_model(model: ModelSpec, hw: HardwareSpec, workload: Workload, eff: Efficiency,
+                    chips: int) -> GeneratorModel:
+    p = replica_chips(model, hw, eff)
+    if chips < p:
+        raise Infeasible(f"generator needs >= {p} {hw.name} chips per replica of {model.name}, "
+                         f"got {chips}")
+    free = p * hw.hbm_bytes * eff.kv_mem_frac - model.total_params * eff.gen_bytes_per_param
+    per_slot = (model.kv_elems_per_token * eff.gen_bytes_per_param
+                * workload.response_stats().resident_kv_tokens)
+    slots = min(eff.max_slots, int(free // per_slot)) if free > 0 else 0
+    if slots < 1:
+        raise Infeasible(f"no KV memory left for one sequence on a {p}-chip {hw.name} replica")
+    return GeneratorModel(model, hw, workload, eff, p, chips // p, slots)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerModel:
+    model: ModelSpec
+    hw: HardwareSpec
+    workload: Workload
+    eff: Efficiency
+    chips: int
+
+    @property
+    def flops_per_sample(self) -> float:
+        return trainer_flops_per_sample(self.model, self.workload, self.eff.count_attention)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.chips * self.hw.peak_flops * self.eff.trainer_mfu / self.flops_per_sample
+
+    def batch_seconds(self, tokens: float, tokens_sq: float) -> float:
+        """Training seconds for a batch with sum of sample lengths `tokens` and of squared
+        lengths `tokens_sq` (the simulator's per-batch cost)."""
+        w, m = self.workload, self.model
+        flops = (6 * w.epochs + 2 * w.logprob_passes) * m.active_params * tokens
+        if self.eff.count_attention:
+            flops += (3 * w.epochs + w.logprob_passes) * m.attention_flops_per_token(1) * (
+                tokens_sq / 2)
+        return flops / (self.chips * self.hw.peak_flops * self.eff.trainer_mfu)
+
+
+def trainer_flops_per_sample(model: ModelSpec, workload: Workload, attention: bool = True) -> float:
+    """(6 epochs + 2 logprob_passes) N_active E[T] (+ causal attention)."""
+    s = workload.response_stats()
+    flops = (6 * workload.epochs + 2 * workload.logprob_passes) * model.active_params * (
+        s.sample_mean)
+    if attention:
+        flops += (3 * workload.epochs + workload.logprob_passes) * (
+            model.attention_flops_per_token(1) * s.sample_mean_sq / 2)
+    return flops
+
+
+def trainer_min_chips(model: ModelSpec, hw: HardwareSpec, eff: Efficiency) -> int:
+    """Chips whose memory holds weights, gradients and optimizer state (activations not
+    counted)."""
+    return math.ceil(model.total_params * eff.train_bytes_per_param / (0.9 * hw.hbm_bytes))
+
+
+def trainer_model(model: ModelSpec, hw: HardwareSpec, workload: Workload, eff: Efficiency,
+                  chips: int) -> TrainerModel:
+    need = trainer_min_chips(model, hw, eff)
+    if chips < need:
+        raise Infeasible(f"trainer state of {model.name} needs >= {need} {hw.name} chips, "
+                         f"got {chips}")
+    return TrainerModel(model, hw, workload, eff, chips)
+
+
+def weight_sync_s(model: ModelSpec, hw: HardwareSpec, eff: Efficiency, trainer_chips: int,
+                  gen_replica_chips: int, total_chips: int) -> float:
+    nbytes = model.total_params * eff.gen_bytes_per_param
+    lanes = min(trainer_chips, gen_replica_chips)
+    return nbytes / (lanes * hw.link_bw(total_chips) * eff.sync_bw_eff) + eff.sync_latency_s
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeRates:
+    mode: str
+    step_s: float
+    consumed_per_s: float
+    trainer_idle: float
+    generator_idle: float
+    staleness_bound: int | None  # None: per token (inflight)
+
+
+def pipeline_rates(mode: str, batch: int, trainer_sps: float, gen_sps: float, *,
+                   sync_s: float = 0.0, gen_tail_s: float = 0.0, zero_variance_frac: float = 0.0,
+                   sandbox_latency_s: float = 0.0, staleness: int = 1) -> ModeRates:
+    """Step time and idle fractions of one pipeline mode (equations in the module docstring)."""
+    check_mode(mode)
+    if min(trainer_sps, gen_sps) <= 0 or batch < 1:
+        raise ValueError(f"need positive rates and batch, got trainer={trainer_sps} "
+                         f"generator={gen_sps} batch={batch}")
+    work = batch / (1 - zero_variance_frac) / gen_sps
+    train = batch / trainer_sps
+    barrier = max(work, gen_tail_s)
+    bound: int | None = {"sync": 0, "periodic": 1, "async": staleness, "inflight": None}[mode]
+    if mode == "sync" or (mode == "async" and staleness == 0):
+        step = barrier + sandbox_latency_s + sync_s + train
+    elif mode == "periodic":
+        step = max(barrier + sandbox_latency_s, train) + sync_s
+    elif mode == "async":
+        step = max(barrier + sync_s, train)
+    else:
+        step = max(work + sync_s, train)
+    return ModeRates(mode, step, batch / step, 1 - train / step, 1 - work / step, bound)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """All analytic outputs for one split of chips."""
+
+    trainer: TrainerModel
+    generator: GeneratorModel
+    weight_sync_s: float
+    sandbox_cores: float
+    modes: dict[str, ModeRates]
+
+    def mfu(self, mode: str) -> float:
+        return self.trainer.eff.trainer_mfu * (1 - self.modes[check_mode(mode)].trainer_idle)
+
+
+def sandbox_cores(workload: Workload, samples_per_s: float, eff: Efficiency) -> float:
+    """CPU cores to score `samples_per_s` (Little's law), at the target utilization."""
+    return samples_per_s * workload.sandbox_exec_s / eff.sandbox_utilization
+
+
+def predict(model: ModelSpec, hw: HardwareSpec, workload: Workload, eff: Efficiency,
+            trainer_chips: int, generator_chips: int, *, staleness: int = 1) -> Prediction:
+    """Rates of every pipeline mode for `trainer_chips` + `generator_chips` (raises Infeasible)."""
+    tr = trainer_model(model, hw, workload, eff, trainer_chips)
+    gen = generator_model(model, hw, workload, eff, generator_chips)
+    sync = weight_sync_s(model, hw, eff, trainer_chips, gen.replica_chips,
+                         trainer_chips + generator_chips)
+    n_gen = math.ceil(workload.batch_size / (1 - workload.zero_variance_frac))
+    modes = {
+        m: pipeline_rates(m, workload.batch_size, tr.samples_per_s, gen.samples_per_s,
+                          sync_s=sync, gen_tail_s=gen.tail_s(n_gen),
+                          zero_variance_frac=workload.zero_variance_frac,
+                          sandbox_latency_s=workload.sandbox_exec_s, staleness=staleness)
+        for m in MODES
+    }
+    return Prediction(tr, gen, sync, sandbox_cores(workload, gen.samples_per_s, eff), modes)
