@@ -1,0 +1,430 @@
+"""Reward registry, weighted combination and fault-tolerant batch scoring.
+
+A reward is a named function `fn(prompt, completion, **example_fields) -> float`; it takes the
+fields it needs (e.g. `answer`, `tests`) by keyword and ignores the rest via `**_`. A reward may
+also have a batched form `batch(items, *, pool, workers, timeout_s, **options) -> list[float |
+Exception]`, which the scorer prefers (code_tests sends a whole batch to the sandbox pool in one
+`run` call).
+
+    spec = RewardSpec.from_weights({"math_answer": 1.0, "format": 0.1})
+    with RewardScorer(spec, pool=pool) as scorer:
+        out = scorer.score_batch([{"prompt": p, "completion": c, "answer": "1/2"}, ...])
+    out.total, out.components["math_answer"], out.errors
+
+Fault tolerance: a reward that raises, returns a non-number, crashes its worker or passes its
+deadline scores 0 for that item; the failure is logged and counted (`RewardBatch.errors` /
+`.timeouts` per call, `RewardScorer.metrics()` cumulative), and the run goes on. Rewards registered
+with `isolated=True` (the default, and so `math_answer` and `format`) run in killable worker
+processes (`jaxrl.rewards.workers`): a hang or a memory blow-up costs a worker, never the trainer.
+`isolated=False` runs in-process for cheap trusted code; it still cannot crash the run, but it
+cannot be timed out either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from jaxrl.rewards import code_tests as _code
+from jaxrl.rewards import math_answer as _math
+from jaxrl.rewards.workers import KillableWorkers, RewardTimeout
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[..., float]
+BatchFn = Callable[..., list]
+
+
+@dataclasses.dataclass(frozen=True)
+class Reward:
+    """A registry entry. `batch`, if set, scores a list of items (dicts) at once."""
+
+    name: str
+    fn: RewardFn
+    batch: BatchFn | None = None
+    needs_pool: bool = False
+    isolated: bool = True
+
+
+_REGISTRY: dict[str, Reward] = {}
+
+
+def register_reward(
+    name: str,
+    *,
+    batch: BatchFn | None = None,
+    needs_pool: bool = False,
+    isolated: bool = True,
+    overwrite: bool = False,
+) -> Callable[[RewardFn], RewardFn]:
+    """Decorator registering `fn(prompt, completion, **fields) -> float` under `name`."""
+
+    def deco(fn: RewardFn) -> RewardFn:
+        if name in _REGISTRY and not overwrite:
+            raise ValueError(f"reward {name!r} is already registered (pass overwrite=True)")
+        qualname = getattr(fn, "__qualname__", "")
+        if isolated and batch is None and ("<" in qualname or not hasattr(fn, "__module__")):
+            raise ValueError(
+                f"reward {name!r} runs in worker processes (isolated=True) so it must be "
+                f"picklable by reference, got {qualname!r}: define it at module level, or "
+                "register with isolated=False"
+            )
+        _REGISTRY[name] = Reward(name, fn, batch, needs_pool, isolated)
+        return fn
+
+    return deco
+
+
+def reward_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_reward(name: str) -> Reward:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown reward {name!r}; registered: {reward_names()}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardTerm:
+    """One weighted component. `options` are passed to the reward as keyword arguments (they win
+    over example fields of the same name)."""
+
+    name: str
+    weight: float = 1.0
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        get_reward(self.name)  # unknown name -> error listing valid ones
+        if not math.isfinite(self.weight):
+            raise ValueError(f"reward {self.name!r}: weight must be finite, got {self.weight!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSpec:
+    """Weighted sum of registered rewards. `timeout_s` is each item's deadline in a worker."""
+
+    terms: tuple[RewardTerm, ...]
+    timeout_s: float = 10.0
+
+    def __post_init__(self):
+        if not self.terms:
+            raise ValueError(f"RewardSpec needs at least one term; registered: {reward_names()}")
+        names = [t.name for t in self.terms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward names must be unique in a spec, got {names}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+
+    @classmethod
+    def from_weights(
+        cls,
+        weights: Mapping[str, float],
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+        **kw,
+    ) -> RewardSpec:
+        options = dict(options or {})
+        extra = sorted(set(options) - set(weights))
+        if extra:
+            raise ValueError(
+                f"options given for rewards not in weights: {extra}; weights: {sorted(weights)}"
+            )
+        terms = tuple(RewardTerm(n, float(w), dict(options.get(n, {}))) for n, w in weights.items())
+        return cls(terms, **kw)
+
+    @property
+    def needs_pool(self) -> bool:
+        return any(get_reward(t.name).needs_pool for t in self.terms)
+
+
+@dataclasses.dataclass
+class RewardBatch:
+    """Scores of one batch. `components` are unweighted, per reward name, aligned with `total`."""
+
+    total: list[float]
+    components: dict[str, list[float]]
+    errors: dict[str, int]
+    timeouts: dict[str, int]
+
+    def metrics(self, prefix: str = "reward") -> dict[str, float]:
+        n = max(1, len(self.total))
+        m = {f"{prefix}/mean": sum(self.total) / n}
+        for name, vals in self.components.items():
+            m[f"{prefix}/{name}/mean"] = sum(vals) / n
+            m[f"{prefix}/{name}/errors"] = float(self.errors.get(name, 0))
+            m[f"{prefix}/{name}/timeouts"] = float(self.timeouts.get(name, 0))
+        return m
+
+
+def _call_item(fn: RewardFn, options: Mapping[str, Any], item: Mapping[str, Any]) -> float:
+    fields = {k: v for k, v in item.items() if k not in ("prompt", "completion")}
+    fields.update(options)
+    return fn(item.get("prompt", ""), item.get("completion", ""), **fields)
+
+
+def _as_score(value: Any) -> float:
+    if isinstance(value, bool) or isinstance(value, int | float):
+        v = float(value)
+        if math.isfinite(v):
+            return v
+    raise TypeError(f"reward must return a finite number, got {value!r:.100}")
+
+
+class RewardScorer:
+    """Scores batches with a `RewardSpec`; owns killable workers, borrows the sandbox pool.
+
+    Args:
+      spec: which rewards, weights and options.
+      pool: a sandbox pool (`LocalSandboxPool`, `RayPool`) for rewards that run code.
+      workers: `KillableWorkers` to use; by default one is made with `num_workers` processes and
+        closed by `close()`.
+    """
+
+    def __init__(
+        self,
+        spec: RewardSpec,
+        *,
+        pool=None,
+        workers: KillableWorkers | None = None,
+        num_workers: int = 2,
+    ):
+        if spec.needs_pool and pool is None:
+            needing = [t.name for t in spec.terms if get_reward(t.name).needs_pool]
+            raise ValueError(
+                f"rewards {needing} need a sandbox pool: pass pool=LocalSandboxPool(...)"
+            )
+        self.spec = spec
+        self.pool = pool
+        self._own_workers = workers is None
+        self.workers = workers or KillableWorkers(num_workers, preload=("sympy",))
+        self._lock = threading.Lock()
+        self.error_counts = {t.name: 0 for t in spec.terms}
+        self.timeout_counts = {t.name: 0 for t in spec.terms}
+        self.items_scored = 0
+
+    def __enter__(self) -> RewardScorer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._own_workers:
+            self.workers.close()
+
+    def score(self, prompt: str, completion: str, **fields) -> RewardBatch:
+        """One item; see `score_batch`."""
+        return self.score_batch([{"prompt": prompt, "completion": completion, **fields}])
+
+    def score_batch(self, items: Sequence[Mapping[str, Any]]) -> RewardBatch:
+        """Scores every item with every term; never raises for a failing reward."""
+        components: dict[str, list[float]] = {}
+        errors: dict[str, int] = {}
+        timeouts: dict[str, int] = {}
+        total = [0.0] * len(items)
+        for term in self.spec.terms:
+            raw = self._run_term(term, items)
+            vals, n_err, n_to = [], 0, 0
+            for k, v in enumerate(raw):
+                try:
+                    if isinstance(v, BaseException):
+                        raise v
+                    vals.append(_as_score(v))
+                except RewardTimeout as e:
+                    n_to += 1
+                    self._log(term.name, k, e)
+                    vals.append(0.0)
+                except Exception as e:  # noqa: BLE001 - a failing reward scores 0, counted
+                    n_err += 1
+                    self._log(term.name, k, e)
+                    vals.append(0.0)
+            components[term.name] = vals
+            errors[term.name], timeouts[term.name] = n_err, n_to
+            total = [t + term.weight * v for t, v in zip(total, vals, strict=True)]
+        with self._lock:
+            self.items_scored += len(items)
+            for name in errors:
+                self.error_counts[name] += errors[name]
+                self.timeout_counts[name] += timeouts[name]
+        return RewardBatch(total, components, errors, timeouts)
+
+    def _run_term(self, term: RewardTerm, items: Sequence[Mapping[str, Any]]) -> list[Any]:
+        reward = get_reward(term.name)
+        try:
+            if reward.batch is not None:
+                out = reward.batch(
+                    items,
+                    pool=self.pool,
+                    workers=self.workers,
+                    timeout_s=self.spec.timeout_s,
+                    **term.options,
+                )
+                if len(out) != len(items):
+                    raise RuntimeError(f"batch returned {len(out)} scores for {len(items)} items")
+                return list(out)
+            if reward.isolated:
+                call = functools.partial(_call_item, reward.fn, dict(term.options))
+                return self.workers.map(
+                    call, [(dict(it),) for it in items], timeout_s=self.spec.timeout_s
+                )
+            out = []
+            for it in items:
+                try:
+                    out.append(_call_item(reward.fn, term.options, it))
+                except Exception as e:  # noqa: BLE001
+                    out.append(e)
+            return out
+        except Exception as e:  # noqa: BLE001 - the whole term failed: every item scores 0
+            return [e] * len(items)
+
+    def _log(self, name: str, index: int, err: BaseException) -> None:
+        count = self.error_counts[name] + self.timeout_counts[name]
+        level = logging.WARNING if count < 20 or count % 1000 == 0 else logging.DEBUG
+        log.log(
+            level,
+            "reward %r failed on item %d (scored 0): %s: %s",
+            name,
+            index,
+            type(err).__name__,
+            str(err)[:300],
+        )
+
+    def metrics(self) -> dict[str, float]:
+        """Cumulative counters since construction, for the metrics stream."""
+        with self._lock:
+            m = {"reward/items_scored": float(self.items_scored)}
+            for name in self.error_counts:
+                m[f"reward/{name}/errors_total"] = float(self.error_counts[name])
+                m[f"reward/{name}/timeouts_total"] = float(self.timeout_counts[name])
+            m["reward/worker_timeouts_total"] = float(self.workers.timeouts)
+            m["reward/worker_crashes_total"] = float(self.workers.crashes)
+        return m
+
+
+# --- built-in rewards ----------------------------------------------------------------------------
+
+
+def _code_tests_batch(items, *, pool, workers=None, timeout_s=None, **options):
+    return _code.code_tests_batch(items, pool=pool, **options)
+
+
+@register_reward("code_tests", batch=_code_tests_batch, needs_pool=True, isolated=False)
+def code_tests(prompt: str, completion: str, *, tests, pool=None, **options) -> float:
+    """Fraction of `tests` the completion's code passes in the sandbox (mode="all": 0 or 1).
+
+    Options: mode ("fraction" | "all"), test_timeout_s (per test), memory_mb. See `code_tests.py`.
+    """
+    del prompt
+    (score,) = _code.code_tests_batch(
+        [{"completion": completion, "tests": tests}], pool=pool, **options
+    )
+    if isinstance(score, Exception):
+        raise score
+    return score
+
+
+def _math_item(backend: str, max_answer_chars: int, item: Mapping[str, Any]) -> float:
+    if "answer" not in item:
+        raise ValueError(f"math_answer needs an 'answer' field; item has {sorted(item)}")
+    return _math.math_score(
+        str(item.get("completion", "")),
+        str(item["answer"]),
+        backend=backend,
+        max_answer_chars=max_answer_chars,
+    )
+
+
+def _math_batch(
+    items,
+    *,
+    workers,
+    timeout_s,
+    pool=None,
+    backend: str = "sympy",
+    max_answer_chars: int = _math.MAX_ANSWER_CHARS,
+):
+    if backend not in _math.BACKENDS:
+        raise ValueError(f"math_answer backend must be one of {_math.BACKENDS}, got {backend!r}")
+    slim = [
+        (
+            dict(
+                completion=it.get("completion", ""),
+                **({"answer": it["answer"]} if "answer" in it else {}),
+            ),
+        )
+        for it in items
+    ]
+    return workers.map(
+        functools.partial(_math_item, backend, max_answer_chars), slim, timeout_s=timeout_s
+    )
+
+
+_default_workers: KillableWorkers | None = None
+_default_lock = threading.Lock()
+
+
+def default_workers() -> KillableWorkers:
+    """A process-wide `KillableWorkers` for the per-item convenience functions (lazily made)."""
+    global _default_workers
+    with _default_lock:
+        if _default_workers is None:
+            _default_workers = KillableWorkers(2, preload=("sympy",))
+        return _default_workers
+
+
+@register_reward("math_answer", batch=_math_batch)
+def math_answer(
+    prompt: str,
+    completion: str,
+    *,
+    answer: str,
+    backend: str = "sympy",
+    timeout_s: float = 10.0,
+    workers: KillableWorkers | None = None,
+    **_,
+) -> float:
+    """1.0 if the final answer (last \\boxed{}, else last number) equals `answer`, else 0.0.
+
+    Runs in a killable worker (deadline `timeout_s`); a timeout raises `RewardTimeout`.
+    """
+    del prompt
+    (v,) = _math_batch(
+        [{"completion": completion, "answer": answer}],
+        workers=workers or default_workers(),
+        timeout_s=timeout_s,
+        backend=backend,
+    )
+    if isinstance(v, BaseException):
+        raise v
+    return v
+
+
+DEFAULT_FORMAT_PATTERN = r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$"
+_FORMAT_MODES = ("search", "match", "fullmatch")
+
+
+@register_reward("format")
+def format_reward(
+    prompt: str,
+    completion: str,
+    *,
+    pattern: str = DEFAULT_FORMAT_PATTERN,
+    mode: str = "search",
+    flags: int = re.DOTALL,
+    **_,
+) -> float:
+    """1.0 if `completion` matches the regex `pattern` (re.search / match / fullmatch), else 0.0.
+
+    Runs in a killable worker by default, so a catastrophically backtracking pattern times out.
+    """
+    del prompt
+    if mode not in _FORMAT_MODES:
+        raise ValueError(f"format mode must be one of {_FORMAT_MODES}, got {mode!r}")
+    return float(getattr(re, mode)(pattern, completion, flags) is not None)
