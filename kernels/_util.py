@@ -1,0 +1,84 @@
+"""Helpers shared by the kernels: backend choice, block arithmetic, mask constants."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+
+# A large finite negative: masked logits never produce inf - inf = NaN in the online softmax.
+MASK_VALUE = -0.7 * float(jax.numpy.finfo(jax.numpy.float32).max)
+# log-sum-exp stored for rows that saw no valid key: exp(s - BIG_LSE) == 0 in the backward.
+BIG_LSE = 1e30
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+BACKENDS = ("tpu", "gpu")
+
+
+def resolve_backend(backend: str | None, interpret) -> str:
+    """Which kernel body to run: "tpu" (Mosaic) or "gpu" (Triton).
+
+    Explicit ``backend`` wins. ``interpret=pltpu.InterpretParams(...)`` means the TPU body (the TPU
+    interpreter). Otherwise the running platform decides; on CPU ``interpret=True`` runs the GPU
+    body in Pallas' generic interpreter.
+    """
+    if backend is not None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+        return backend
+    from jax.experimental.pallas import tpu as pltpu
+
+    if isinstance(interpret, pltpu.InterpretParams):
+        return "tpu"
+    platform = jax.default_backend()
+    if platform == "tpu":
+        return "tpu"
+    if platform in ("gpu", "cuda", "rocm"):
+        return "gpu"
+    if interpret:
+        return "gpu"
+    raise ValueError(
+        f"Pallas kernels need a TPU or GPU; the running backend is {platform!r}. On CPU pass "
+        "interpret=True (GPU body) or interpret=pltpu.InterpretParams() (TPU body), or use the "
+        "XLA reference (attention_impl='xla')."
+    )
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def round_up(a: int, b: int) -> int:
+    return cdiv(a, b) * b
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def fit_block(block: int, n: int, backend: str) -> int:
+    """Shrink a block to the problem: power of two (>= 16) on GPU, multiple of 8 on TPU."""
+    if backend == "gpu":
+        return max(16, min(next_pow2(block), next_pow2(n)))
+    return max(8, min(round_up(block, 8), round_up(n, 8)))
+
+
+def make_package_callable(module_name: str, fn) -> None:
+    """Let ``kernels.<op>`` be called like the op itself.
+
+    Each op lives in a package named like its function (kernels/flash_attention/ holds
+    ``flash_attention``). Once the package is imported, Python binds ``kernels.flash_attention`` to
+    the package, shadowing the lazy export in kernels/__init__.py; making the package callable keeps
+    ``kernels.flash_attention(q, k, v)`` working either way.
+    """
+    import sys
+    import types
+
+    module = sys.modules[module_name]
+
+    class _CallablePackage(types.ModuleType):
+        def __call__(self, *args, **kwargs):
+            return fn(*args, **kwargs)
+
+    module.__class__ = _CallablePackage

@@ -1,0 +1,172 @@
+"""Flash attention forward, TPU (Mosaic) body.
+
+Layout (prepared by ops.py): query heads that share a kv head are folded into the row axis, so the
+kernel sees qf [B, Hkv, R, D] with row r = t * G + g (G = Hq // Hkv) and kv [B, Hkv, S, D]; one q
+block of ``block_q`` rows multiplies each kv block once for all G heads (GQA folding).
+
+Grid (B, Hkv, num_q_blocks, num_kv_steps). A scalar-prefetched table ``bounds`` [B * nq * 3] holds,
+per (batch row, q block), the kv block range [lo, hi) that can contain a visible key (causality and
+segment ids) and ``mid``: blocks in [lo, mid) are fully visible and skip the mask. Step j works on
+kv block lo + j; steps past hi do nothing, and their index map repeats the previous block so the
+pipeline issues no DMA for them: fully masked blocks cost neither compute nor HBM reads.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from kernels._util import BIG_LSE, MASK_VALUE
+
+_NT = (((1,), (1,)), ((), ()))  # contract the last dims: a @ b.T
+_NN = (((1,), (0,)), ((), ()))
+
+
+def _flash_fwd_kernel(
+    bounds_ref,  # SMEM [B * nq * 3] int32: lo, mid, hi per (b, q block)
+    q_ref,  # [bq, D]
+    k_ref,  # [bk, D]
+    v_ref,  # [bk, D]
+    q_seg_ref,  # [bq, 1] int32
+    kv_seg_ref,  # [1, bk] int32
+    o_ref,  # [bq, D]
+    lse_ref,  # [bq, 1] f32
+    m_scr_ref,  # VMEM [bq, 1] f32
+    l_scr_ref,  # VMEM [bq, 1] f32
+    acc_scr_ref,  # VMEM [bq, D] f32
+    *,
+    sm_scale: float,
+    causal: bool,
+    use_segments: bool,
+    kv_len: int | None,
+    group: int,
+    num_q_blocks: int,
+):
+    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    bq, bk = q_ref.shape[0], k_ref.shape[0]
+    base = (b * num_q_blocks + i) * 3
+    lo, mid, hi = bounds_ref[base], bounds_ref[base + 1], bounds_ref[base + 2]
+    kv_block = lo + j
+
+    @pl.when(j == 0)
+    def _init():
+        m_scr_ref[...] = jnp.full(m_scr_ref.shape, MASK_VALUE, jnp.float32)
+        l_scr_ref[...] = jnp.zeros(l_scr_ref.shape, jnp.float32)
+        acc_scr_ref[...] = jnp.zeros(acc_scr_ref.shape, jnp.float32)
+
+    def step(masked: bool):
+        q, k, v = q_ref[...], k_ref[...], v_ref[...]
+        s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * sm_scale
+        mask = None
+        if masked:
+            mask = jnp.ones((bq, bk), dtype=bool)
+            cols = kv_block * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+            if causal:
+                rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+                mask = mask & (cols <= rows // group)
+            if kv_len is not None:
+                mask = mask & (cols < kv_len)
+            if use_segments:
+                mask = mask & (q_seg_ref[...] == kv_seg_ref[...])
+            s = jnp.where(mask, s, MASK_VALUE)
+        m_prev = m_scr_ref[...]
+        m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+        p = jnp.exp(s - m_new)
+        if masked:
+            p = jnp.where(mask, p, 0.0)
+        alpha = jnp.exp(m_prev - m_new)
+        l_scr_ref[...] = alpha * l_scr_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+        pv = lax.dot_general(p.astype(v.dtype), v, _NN, preferred_element_type=jnp.float32)
+        acc_scr_ref[...] = alpha * acc_scr_ref[...] + pv
+        m_scr_ref[...] = m_new
+
+    active = kv_block < hi
+    pl.when(active & (kv_block >= mid))(lambda: step(True))
+    pl.when(active & (kv_block < mid))(lambda: step(False))
+
+    @pl.when(j == pl.num_programs(3) - 1)
+    def _finish():
+        l = l_scr_ref[...]
+        empty = l == 0.0
+        safe_l = jnp.where(empty, 1.0, l)
+        o_ref[...] = (acc_scr_ref[...] / safe_l).astype(o_ref.dtype)
+        lse_ref[...] = jnp.where(empty, BIG_LSE, m_scr_ref[...] + jnp.log(safe_l))
+
+
+def flash_fwd_tpu(
+    bounds,
+    qf,
+    kf,
+    vf,
+    q_seg,
+    kv_seg,
+    *,
+    sm_scale,
+    causal,
+    use_segments,
+    kv_len,
+    group,
+    block_q,
+    block_k,
+    interpret,
+):
+    """qf [B, Hkv, Rp, D], kf/vf [B, Hkv, Sp, D], q_seg [B, Rp, 1], kv_seg [B, 1, Sp],
+    bounds [B * nq * 3].
+
+    Returns o [B, Hkv, Rp, D] (qf.dtype) and lse [B, Hkv, Rp, 1] f32.
+    """
+    B, Hkv, Rp, D = qf.shape
+    Sp = kf.shape[2]
+    nq, nk = Rp // block_q, Sp // block_k
+
+    def kv_block(b, i, j, bounds_ref):
+        base = (b * nq + i) * 3
+        lo, hi = bounds_ref[base], bounds_ref[base + 2]
+        return jnp.minimum(lo + j, jnp.maximum(hi - 1, 0))
+
+    q_spec = pl.BlockSpec((None, None, block_q, D), lambda b, h, i, j, br: (b, h, i, 0))
+    kv_spec = pl.BlockSpec(
+        (None, None, block_k, D), lambda b, h, i, j, br: (b, h, kv_block(b, i, j, br), 0)
+    )
+    q_seg_spec = pl.BlockSpec((None, block_q, 1), lambda b, h, i, j, br: (b, i, 0))
+    kv_seg_spec = pl.BlockSpec(
+        (None, 1, block_k), lambda b, h, i, j, br: (b, 0, kv_block(b, i, j, br))
+    )
+    lse_spec = pl.BlockSpec((None, None, block_q, 1), lambda b, h, i, j, br: (b, h, i, 0))
+    kernel = functools.partial(
+        _flash_fwd_kernel,
+        sm_scale=sm_scale,
+        causal=causal,
+        use_segments=use_segments,
+        kv_len=kv_len,
+        group=group,
+        num_q_blocks=nq,
+    )
+    return pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(B, Hkv, nq, nk),
+            in_specs=[q_spec, kv_spec, kv_spec, q_seg_spec, kv_seg_spec],
+            out_specs=[q_spec, lse_spec],
+            scratch_shapes=[
+                pltpu.VMEM((block_q, 1), jnp.float32),
+                pltpu.VMEM((block_q, 1), jnp.float32),
+                pltpu.VMEM((block_q, D), jnp.float32),
+            ],
+        ),
+        out_shape=[
+            jax.ShapeDtypeStruct(qf.shape, qf.dtype),
+            jax.ShapeDtypeStruct((B, Hkv, Rp, 1), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+        ),
+        interpret=interpret,
+        name="jaxrl_flash_fwd_tpu",
+    )(bounds, qf, kf, vf, q_seg, kv_seg)

@@ -1,0 +1,286 @@
+"""``flash_attention``: jitted wrapper, ``BlockSizes``, backend dispatch and ``custom_vjp``.
+
+Forward: the Pallas kernel (TPU Mosaic body in kernel.py, GPU Triton body in kernel_gpu.py). It
+returns the output and the per-row log-sum-exp. Backward (``custom_vjp``): an XLA recompute from
+the saved log-sum-exp, chunked over kv (``BlockSizes.bwd_chunk``) so memory is O(T * chunk) per
+head rather than O(T * S); it is exact flash-attention maths (dS = P * (dP - rowsum(dO * O)))
+but not yet a Pallas kernel — a Pallas dq/dkv pair is the follow-up (docs/kernels.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from kernels._util import cdiv, fit_block, resolve_backend
+from kernels.flash_attention.kernel import flash_fwd_tpu
+from kernels.flash_attention.kernel_gpu import flash_fwd_gpu
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Static tiling. ``None`` picks the backend default. Blocks shrink to small problems.
+
+    block_q counts folded rows (query tokens x G heads sharing a kv head); block_k counts kv tokens.
+    num_warps / num_stages are GPU (Triton) only. bwd_chunk is the kv chunk of the XLA backward.
+    """
+
+    block_q: int | None = None
+    block_k: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    bwd_chunk: int = 512
+
+    def resolve(self, backend: str, head_dim: int) -> BlockSizes:
+        if backend == "tpu":
+            defaults = dict(block_q=256, block_k=512, num_warps=None, num_stages=None)
+        else:
+            defaults = dict(
+                block_q=128, block_k=64, num_warps=8 if head_dim >= 128 else 4, num_stages=3
+            )
+        chosen = {
+            k: getattr(self, k) if getattr(self, k) is not None else v for k, v in defaults.items()
+        }
+        return dataclasses.replace(self, **chosen)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    causal: bool
+    sm_scale: float
+    block_sizes: BlockSizes
+    interpret: object
+    backend: str
+
+
+def _fold_q(q, Hkv):
+    """[B, T, Hq, D] -> [B, Hkv, T * G, D], row r = t * G + g."""
+    B, T, Hq, D = q.shape
+    G = Hq // Hkv
+    return q.reshape(B, T, Hkv, G, D).transpose(0, 2, 1, 3, 4).reshape(B, Hkv, T * G, D)
+
+
+def _unfold_q(x, T, G):
+    B, Hkv, _, D = x.shape
+    return x.reshape(B, Hkv, T, G, D).transpose(0, 2, 1, 3, 4).reshape(B, T, Hkv * G, D)
+
+
+def _pad_axis(x, axis, size, value=0):
+    if x.shape[axis] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _block_bounds(B, R, S, G, bq, bk, causal, q_seg, kv_seg):
+    """Per (batch row, q block): [lo, mid, hi) kv blocks; [lo, mid) need no mask.
+
+    Returns int32 [B, nq, 3].
+    """
+    nq, nk = cdiv(R, bq), cdiv(S, bk)
+    r_first = np.arange(nq) * bq
+    r_last = np.minimum(r_first + bq, R) - 1
+    t_first, t_last = r_first // G, r_last // G
+    if causal:
+        hi = np.minimum(-(-(t_last + 1) // bk), nk)
+        mid = np.minimum((t_first + 1) // bk, hi)
+    else:
+        hi = np.full(nq, nk)
+        mid = np.full(nq, nk)
+    if S % bk:
+        mid = np.minimum(mid, nk - 1)
+    lo = np.zeros(nq)
+    static = np.stack([lo, mid, hi], axis=-1).astype(np.int32)
+    if q_seg is None:
+        return jnp.broadcast_to(jnp.asarray(static)[None], (B, nq, 3))
+    big = np.iinfo(np.int32).max
+    row_ok = jnp.asarray(np.arange(nq * bq) < R).reshape(1, nq, bq)
+    col_ok = jnp.asarray(np.arange(nk * bk) < S).reshape(1, nk, bk)
+    qs, ks = q_seg.reshape(B, nq, bq), kv_seg.reshape(B, nk, bk)
+    q_min = jnp.where(row_ok, qs, big).min(-1)
+    q_max = jnp.where(row_ok, qs, -big).max(-1)
+    k_min = jnp.where(col_ok, ks, big).min(-1)
+    k_max = jnp.where(col_ok, ks, -big).max(-1)
+    in_range = jnp.asarray(np.arange(nk)[None, :] < hi[:, None])[None]  # [1, nq, nk]
+    overlap = (k_max[:, None, :] >= q_min[:, :, None]) & (k_min[:, None, :] <= q_max[:, :, None])
+    overlap = overlap & in_range
+    some = overlap.any(-1)
+    first = jnp.argmax(overlap, axis=-1)
+    last = nk - 1 - jnp.argmax(overlap[..., ::-1], axis=-1)
+    lo = jnp.where(some, first, 0)
+    hi_seg = jnp.where(some, last + 1, 0)
+    return jnp.stack([lo, lo, hi_seg], axis=-1).astype(jnp.int32)
+
+
+def _forward(q, k, v, segment_ids, cfg: _Config):
+    B, T, Hq, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    G, R = Hq // Hkv, T * (Hq // Hkv)
+    bs = cfg.block_sizes.resolve(cfg.backend, D)
+    bq, bk = fit_block(bs.block_q, R, cfg.backend), fit_block(bs.block_k, S, cfg.backend)
+    Rp, Sp = cdiv(R, bq) * bq, cdiv(S, bk) * bk
+    qf = _pad_axis(_fold_q(q, Hkv), 2, Rp)
+    kf = _pad_axis(k.transpose(0, 2, 1, 3), 2, Sp)
+    vf = _pad_axis(v.transpose(0, 2, 1, 3), 2, Sp)
+    use_segments = segment_ids is not None
+    if use_segments:
+        seg = segment_ids.astype(jnp.int32)
+        q_seg = _pad_axis(jnp.repeat(seg, G, axis=1), 1, Rp, -2)
+        kv_seg = _pad_axis(seg, 1, Sp, -1)
+        bounds = _block_bounds(B, R, S, G, bq, bk, cfg.causal, q_seg, kv_seg)
+    else:
+        q_seg = jnp.zeros((B, Rp), jnp.int32)
+        kv_seg = jnp.zeros((B, Sp), jnp.int32)
+        bounds = _block_bounds(B, R, S, G, bq, bk, cfg.causal, None, None)
+    common = dict(
+        sm_scale=cfg.sm_scale,
+        causal=cfg.causal,
+        use_segments=use_segments,
+        kv_len=S if Sp != S else None,
+        group=G,
+        block_q=bq,
+        block_k=bk,
+        interpret=cfg.interpret,
+    )
+    if cfg.backend == "tpu":
+        o, lse = flash_fwd_tpu(
+            bounds.reshape(-1), qf, kf, vf, q_seg[:, :, None], kv_seg[:, None, :], **common
+        )
+        lse = lse[..., 0]
+    else:
+        bounds4 = _pad_axis(bounds, 2, 4)
+        o, lse = flash_fwd_gpu(
+            bounds4,
+            qf,
+            kf,
+            vf,
+            q_seg,
+            kv_seg,
+            num_warps=bs.num_warps,
+            num_stages=bs.num_stages,
+            **common,
+        )
+    return _unfold_q(o[:, :, :R], T, G), lse[:, :, :R]
+
+
+def _backward(q, k, v, segment_ids, o, lse, do, cfg: _Config):
+    """dq, dk, dv from the saved log-sum-exp, scanning kv in chunks of ``bwd_chunk`` tokens."""
+    B, T, Hq, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    f32 = jnp.float32
+    qf = _fold_q(q, Hkv).astype(f32)  # [B, Hkv, R, D]
+    dof = _fold_q(do, Hkv).astype(f32)
+    delta = jnp.sum(_fold_q(o, Hkv).astype(f32) * dof, axis=-1)  # [B, Hkv, R]
+    chunk = min(cfg.block_sizes.bwd_chunk, S)
+    n, Sp = cdiv(S, chunk), cdiv(S, chunk) * chunk
+    kc = _pad_axis(k.transpose(0, 2, 1, 3).astype(f32), 2, Sp)
+    vc = _pad_axis(v.transpose(0, 2, 1, 3).astype(f32), 2, Sp)
+    kc = kc.reshape(B, Hkv, n, chunk, D).transpose(2, 0, 1, 3, 4)
+    vc = vc.reshape(B, Hkv, n, chunk, D).transpose(2, 0, 1, 3, 4)
+    rows_t = jnp.arange(T * G) // G
+    if segment_ids is not None:
+        q_seg = jnp.repeat(segment_ids, G, axis=1)
+        kv_seg = _pad_axis(segment_ids, 1, Sp, -1).reshape(B, n, chunk).transpose(1, 0, 2)
+    else:
+        kv_seg = jnp.zeros((n, B, chunk), jnp.int32)
+
+    def body(dq, xs):
+        c, k_c, v_c, seg_c = xs
+        cols = c * chunk + jnp.arange(chunk)
+        mask = (cols < S)[None, :]
+        if cfg.causal:
+            mask = mask & (cols[None, :] <= rows_t[:, None])
+        mask = mask[None]  # [1, R, C]
+        if segment_ids is not None:
+            mask = mask & (q_seg[:, :, None] == seg_c[:, None, :])
+        s = jnp.einsum("bhrd,bhcd->bhrc", qf, k_c) * cfg.sm_scale
+        p = jnp.where(mask[:, None], jnp.exp(s - lse[..., None]), 0.0)
+        dv_c = jnp.einsum("bhrc,bhrd->bhcd", p, dof)
+        dp = jnp.einsum("bhrd,bhcd->bhrc", dof, v_c)
+        ds = p * (dp - delta[..., None]) * cfg.sm_scale
+        dq = dq + jnp.einsum("bhrc,bhcd->bhrd", ds, k_c)
+        dk_c = jnp.einsum("bhrc,bhrd->bhcd", ds, qf)
+        return dq, (dk_c, dv_c)
+
+    dq, (dk, dv) = lax.scan(body, jnp.zeros_like(qf), (jnp.arange(n), kc, vc, kv_seg))
+
+    def unchunk(x):  # [n, B, Hkv, C, D] -> [B, S, Hkv, D]
+        return x.transpose(1, 0, 3, 2, 4).reshape(B, Sp, Hkv, D)[:, :S]
+
+    dq = _unfold_q(dq, T, G)
+    return dq.astype(q.dtype), unchunk(dk).astype(k.dtype), unchunk(dv).astype(v.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, segment_ids, cfg):
+    return _forward(q, k, v, segment_ids, cfg)[0]
+
+
+def _flash_fwd(q, k, v, segment_ids, cfg):
+    o, lse = _forward(q, k, v, segment_ids, cfg)
+    return o, (q, k, v, segment_ids, o, lse)
+
+
+def _flash_bwd(cfg, residuals, do):
+    q, k, v, segment_ids, o, lse = residuals
+    dq, dk, dv = _backward(q, k, v, segment_ids, o, lse, do, cfg)
+    return dq, dk, dv, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("causal", "sm_scale", "block_sizes", "interpret", "backend")
+)
+def flash_attention(
+    q,
+    k,
+    v,
+    *,
+    causal=True,
+    segment_ids=None,
+    sm_scale=None,
+    block_sizes=None,
+    interpret=False,
+    backend=None,
+):
+    """Flash attention. q [B, T, Hq, D], k/v [B, S, Hkv, D] -> [B, T, Hq, D] (q.dtype).
+
+    Hq must be a multiple of Hkv (query head n uses kv head n // (Hq // Hkv)). Causal masking is
+    top-left aligned (key j visible to query i iff j <= i). ``segment_ids`` [B, T] int32 >= 0
+    (needs T == S) restricts attention to equal ids: packing, and padding with its own id. Blocks
+    fully masked by causality or segments are skipped; skipping by segments is complete when ids
+    are non-decreasing along the sequence (packed layout), otherwise conservative but exact.
+    ``interpret``: False; True (generic interpreter, GPU body on CPU); or
+    ``pltpu.InterpretParams()`` (TPU interpreter, TPU body). ``backend`` "tpu" | "gpu" forces a
+    body.
+    Differentiable (custom_vjp; backward is an XLA recompute, see module docstring).
+    """
+    B, T, Hq, D = q.shape
+    if k.ndim != 4 or k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(
+            f"k/v must be [B, S, Hkv, D] matching q {q.shape}; got {k.shape}, {v.shape}"
+        )
+    if Hq % k.shape[2]:
+        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={k.shape[2]}")
+    if segment_ids is not None and (segment_ids.shape != (B, T) or k.shape[1] != T):
+        raise ValueError(
+            f"segment_ids must be [B, T] = {(B, T)} with S == T; got "
+            f"{segment_ids.shape}, S={k.shape[1]}"
+        )
+    cfg = _Config(
+        causal=bool(causal),
+        sm_scale=float(D**-0.5 if sm_scale is None else sm_scale),
+        block_sizes=block_sizes or BlockSizes(),
+        interpret=interpret,
+        backend=resolve_backend(backend, interpret),
+    )
+    return _flash(q, k, v, segment_ids, cfg)
