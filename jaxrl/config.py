@@ -78,7 +78,8 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 2048
     tie_embeddings: bool = True
-    qkv_bias: bool = False  # Qwen2
+    qkv_bias: bool = False  # Qwen2 (and Llama with attention_bias)
+    o_bias: bool = False  # Llama with attention_bias
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
     dtype: DTypeName = "float32"  # compute dtype
     param_dtype: DTypeName = "float32"  # storage dtype
@@ -120,6 +121,8 @@ class ModelConfig:
             attn += d * (self.num_heads + 2 * self.num_kv_heads)
         if self.qk_norm:
             attn += 2 * d
+        if self.o_bias:
+            attn += e
         layer = attn + 3 * e * f + 2 * e
         total = self.num_layers * layer + e
         if include_embeddings:

@@ -138,6 +138,7 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
         max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)),
+        o_bias=arch == "llama" and bool(hf.get("attention_bias", False)),
         qk_norm=arch == "qwen3",
     )
     fields.update(overrides)
@@ -165,6 +166,8 @@ def config_to_hf(cfg: ModelConfig, dtype: str = "float32") -> dict:
         "use_cache": True,
     }
     if cfg.architecture == "llama":
+        if cfg.qkv_bias != cfg.o_bias:
+            raise CheckpointError("a Llama checkpoint needs qkv_bias == o_bias (attention_bias)")
         out["attention_bias"] = cfg.qkv_bias
         out["mlp_bias"] = False
     if cfg.rope_scaling is not None:
@@ -210,6 +213,8 @@ def _tensor_map(cfg: ModelConfig) -> dict[tuple, tuple[str, Convert, Convert]]:
             if cfg.qkv_bias:
                 m[a + ("attn", f"{name}_bias")] = (p + f"self_attn.{name}_proj.bias", *bias(n))
         m[a + ("attn", "o_proj")] = (p + "self_attn.o_proj.weight", *proj_out)
+        if cfg.o_bias:
+            m[a + ("attn", "o_bias")] = (p + "self_attn.o_proj.bias", *same)
         if cfg.qk_norm:
             m[a + ("attn", "q_norm", "weight")] = (p + "self_attn.q_norm.weight", *same)
             m[a + ("attn", "k_norm", "weight")] = (p + "self_attn.k_norm.weight", *same)
@@ -266,6 +271,14 @@ def load_pretrained(
         sharding = flat_shardings.get(path_key)
         value = jax.device_put(arr, sharding) if sharding is not None else jax.numpy.asarray(arr)
         leaves.append((path_key, var.replace(value)))
+    used = {name for name, _, _ in tmap.values()}
+    ignorable = {"lm_head.weight"} if cfg.tie_embeddings else set()
+    unused = sorted(n for n in tensors if n not in used | ignorable and "rotary_emb" not in n)
+    if unused:
+        raise CheckpointError(
+            f"{path}: {len(unused)} tensor(s) in the checkpoint have no place in a "
+            f"{cfg.architecture} model with this config, e.g. {unused[:3]}"
+        )
     state = nnx.State.from_flat_path(leaves)
     return cfg, nnx.merge(graphdef, state)
 

@@ -41,7 +41,8 @@ class RMSNorm(nnx.Module):
     def __call__(self, x):
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (x32 * self.weight[...].astype(jnp.float32)).astype(x.dtype)
+        w = self.weight[...].astype(jnp.float32).reshape((1,) * (x.ndim - 1) + (-1,))
+        return (x32 * w).astype(x.dtype)
 
 
 def rope_frequencies(cfg: ModelConfig):
@@ -67,7 +68,7 @@ def rope_frequencies(cfg: ModelConfig):
 
 def apply_rope(x_BTHD, positions_BT, inv_freq):
     """Rotate pairs (i, i + D/2) by angle position * inv_freq[i] (the HF "rotate_half" layout)."""
-    angles_BTF = positions_BT[..., None].astype(jnp.float32) * inv_freq
+    angles_BTF = positions_BT[..., None].astype(jnp.float32) * inv_freq[None, None, :]
     cos, sin = jnp.cos(angles_BTF)[:, :, None, :], jnp.sin(angles_BTF)[:, :, None, :]
     x1, x2 = jnp.split(x_BTHD.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -118,6 +119,8 @@ class Attention(nnx.Module):
             self.q_bias = _param(rngs, (h, d), ("heads", "head_dim"), pd)
             self.k_bias = _param(rngs, (k, d), ("kv_heads", "head_dim"), pd)
             self.v_bias = _param(rngs, (k, d), ("kv_heads", "head_dim"), pd)
+        if cfg.o_bias:
+            self.o_bias = _param(rngs, (e,), ("embed",), pd)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs)
@@ -128,9 +131,9 @@ class Attention(nnx.Module):
         k = jnp.einsum("bte,ekd->btkd", x_BTE, self.k_proj[...].astype(dt))
         v = jnp.einsum("bte,ekd->btkd", x_BTE, self.v_proj[...].astype(dt))
         if self.cfg.qkv_bias:
-            q = q + self.q_bias[...].astype(dt)
-            k = k + self.k_bias[...].astype(dt)
-            v = v + self.v_bias[...].astype(dt)
+            q = q + self.q_bias[...].astype(dt)[None, None]
+            k = k + self.k_bias[...].astype(dt)[None, None]
+            v = v + self.v_bias[...].astype(dt)[None, None]
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, positions_BT, inv_freq), apply_rope(k, positions_BT, inv_freq), v
@@ -138,7 +141,13 @@ class Attention(nnx.Module):
     def __call__(self, x_BTE, positions_BT, segment_ids_BT, inv_freq):
         q, k, v = self._qkv(x_BTE, positions_BT, inv_freq)
         out_BTHD = attention(q, k, v, segment_ids_BT=segment_ids_BT, impl=self.cfg.attention_impl)
-        return jnp.einsum("bthd,hde->bte", out_BTHD, self.o_proj[...].astype(x_BTE.dtype))
+        return self._out(out_BTHD, x_BTE.dtype)
+
+    def _out(self, out_BTHD, dt):
+        out_BTE = jnp.einsum("bthd,hde->bte", out_BTHD, self.o_proj[...].astype(dt))
+        if self.cfg.o_bias:
+            out_BTE = out_BTE + self.o_bias[...].astype(dt)[None, None]
+        return out_BTE
 
     def decode(self, x_BTE, positions_BT, k_cache, v_cache, lengths_B, new_lengths_B, inv_freq):
         q, k, v = self._qkv(x_BTE, positions_BT, inv_freq)
@@ -147,8 +156,7 @@ class Attention(nnx.Module):
         out_BTHD = cached_attention(
             q, k_cache, v_cache, positions_BT, new_lengths_B, impl=self.cfg.attention_impl
         )
-        out = jnp.einsum("bthd,hde->bte", out_BTHD, self.o_proj[...].astype(x_BTE.dtype))
-        return out, k_cache, v_cache
+        return self._out(out_BTHD, x_BTE.dtype), k_cache, v_cache
 
 
 class MLP(nnx.Module):

@@ -1,0 +1,133 @@
+"""Tokenizers: a built-in character tokenizer for synthetic tasks, and Hugging Face `tokenizers`.
+
+Both implement the same small interface: `encode`, `decode`, `eos_id`, `pad_id`, `vocab_size`
+(and `apply_chat_template` where a template exists).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+from typing import Protocol
+
+
+class Tokenizer(Protocol):
+    eos_id: int
+    pad_id: int
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class CharTokenizer:
+    """One token per character: ids 0..2 are <pad>, <eos>, <bos>; then printable ASCII + \\n, \\t.
+
+    Unknown characters are an error (they would otherwise vanish silently from prompts).
+    """
+
+    SPECIALS = ("<pad>", "<eos>", "<bos>")
+    CHARS = string.printable[:95] + "\n\t"  # digits, letters, punctuation, space, \n, \t
+
+    def __init__(self):
+        self.pad_id, self.eos_id, self.bos_id = 0, 1, 2
+        self._to_id = {c: i + len(self.SPECIALS) for i, c in enumerate(self.CHARS)}
+        self._to_char = {i: c for c, i in self._to_id.items()}
+        self.vocab_size = len(self.SPECIALS) + len(self.CHARS)
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        try:
+            ids = [self._to_id[c] for c in text]
+        except KeyError as e:
+            raise ValueError(
+                f"CharTokenizer cannot encode character {e.args[0]!r}; it knows printable "
+                f"ASCII, newline and tab"
+            ) from None
+        return [self.bos_id, *ids] if add_bos else ids
+
+    def decode(self, ids: list[int], stop_at_eos: bool = True) -> str:
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == self.eos_id and stop_at_eos:
+                break
+            if i in self._to_char:
+                out.append(self._to_char[i])
+            elif not 0 <= i < self.vocab_size:
+                raise ValueError(f"token id {i} is outside the vocabulary [0, {self.vocab_size})")
+        return "".join(out)
+
+
+def _token_text(entry) -> str | None:
+    if entry is None or isinstance(entry, str):
+        return entry
+    return entry.get("content")
+
+
+class HFTokenizer:
+    """`tokenizer.json` (+ `tokenizer_config.json` for specials and the chat template)."""
+
+    def __init__(self, path: str | Path):
+        from tokenizers import Tokenizer as _HF
+
+        path = Path(path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        if not file.is_file():
+            raise FileNotFoundError(f"{path}: no tokenizer.json found")
+        self._tok = _HF.from_file(str(file))
+        cfg_file = file.parent / "tokenizer_config.json"
+        self.config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        self.chat_template = self.config.get("chat_template")
+        tpl_file = file.parent / "chat_template.jinja"
+        if self.chat_template is None and tpl_file.is_file():
+            self.chat_template = tpl_file.read_text()
+        self.eos_token = _token_text(self.config.get("eos_token"))
+        self.pad_token = _token_text(self.config.get("pad_token")) or self.eos_token
+        self.bos_token = _token_text(self.config.get("bos_token"))
+        self.eos_id = self._id_of(self.eos_token, "eos_token")
+        self.pad_id = self._id_of(self.pad_token, "pad_token")
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+
+    def _id_of(self, token: str | None, what: str) -> int:
+        if token is None:
+            raise ValueError(f"tokenizer_config.json has no {what}; cannot pick an id for it")
+        tid = self._tok.token_to_id(token)
+        if tid is None:
+            raise ValueError(f"{what} {token!r} is not in the vocabulary")
+        return tid
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = False
+    ):
+        """Render `messages` with the tokenizer's Jinja chat template."""
+        if not self.chat_template:
+            raise ValueError("this tokenizer has no chat_template; pass plain text instead")
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise jinja2.exceptions.TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+        text = env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+        )
+        return self.encode(text) if tokenize else text
+
+
+def load_tokenizer(path: str | Path | None) -> Tokenizer:
+    """`None` or `"char"` gives the CharTokenizer; otherwise a local HF tokenizer directory."""
+    if path is None or str(path) == "char":
+        return CharTokenizer()
+    return HFTokenizer(path)
