@@ -19,8 +19,11 @@ replica: t = bytes / (min(C_t, p) * link_bw * eff_sync) + latency, link = NVLink
 node, the per-chip NIC across nodes.
 
 Pipeline (batch B, zero-variance fraction z, generator work W = B / (1 - z) / gen_rate,
-training time X = B / trainer_rate, sync S, barrier time G_b = max(W, tail) where the tail is
-the expected longest of B / (1 - z) responses decoded alone, sandbox latency Q):
+training time X = B / trainer_rate, sync S, sandbox latency Q, barrier time G_b = the time
+for B / (1 - z) samples started together to finish (`batch_s`: per replica m samples, decode
+steps summed over positions x with m * P(R > x) sequences still active, up to the expected
+longest response; the long tail), and for inflight W at the rate Little's law allows with
+(1 + k) batches outstanding, each sample resident until its group's longest member is done):
 
     sync      step = G_b + Q + S + X
     periodic  step = max(G_b + Q, X) + S                (staleness <= 1)
@@ -90,23 +93,55 @@ class GeneratorModel:
             flops += m.attention_flops_per_token(w.prompt_len / 2) * tokens
         return flops / (self.replica_chips * self.hw.peak_flops * self.eff.prefill_mfu)
 
+    def samples_per_s_at(self, concurrency: float) -> float:
+        """Fleet samples/s with `concurrency` sequences decoding per replica (at most `slots`)."""
+        b = max(1.0, min(float(self.slots), concurrency))
+        stats = self.workload.response_stats()
+        step = self.step_time(b, b * stats.resident_kv_tokens)
+        return self.replicas / (stats.mean * step / b + self.prefill_s)
+
     @property
     def samples_per_s(self) -> float:
-        stats = self.workload.response_stats()
-        k_slot = stats.resident_kv_tokens
-        per_sample = stats.mean * self.step_time(self.slots, self.slots * k_slot) / self.slots
-        return self.replicas / (per_sample + self.prefill_s)
+        """Steady-state rate with every slot busy."""
+        return self.samples_per_s_at(self.slots)
 
     @property
     def tokens_per_s(self) -> float:
         return self.samples_per_s * self.workload.response_stats().mean
 
-    def tail_s(self, n: int) -> float:
-        """Lower bound on one batch's generation: its expected longest of `n` responses decoded
-        at low occupancy (the straggler after the batch's other samples are done)."""
+    def bounded_rate(self, outstanding: float, latency_s: float = 0.0) -> float:
+        """Samples/s when at most `outstanding` samples may be in flight (issued, not yet
+        consumed), as in inflight mode: by Little's law at most outstanding / residence, where a
+        sample resides until the longest of its group is decoded (GRPO needs the whole group)
+        and scored (`latency_s`)."""
         w = self.workload
-        longest = w.response_quantile(1.0 - 1.0 / (n + 1))
-        return self.prefill_s + longest * self.step_time(1, w.prompt_len + longest / 2)
+        b = max(1.0, min(float(self.slots), outstanding / self.replicas))
+        step = self.step_time(b, b * w.response_stats().resident_kv_tokens)
+        residence = w.expected_longest(w.group_size) * step + self.prefill_s + latency_s
+        return min(self.samples_per_s_at(b), outstanding / residence)
+
+    def wave_s(self, m: float, longest: float, points: int = 256) -> float:
+        """Seconds for `m` sequences per replica started together to finish, the last at
+        `longest` tokens: sum over positions x of t(active(x), KV(x)), with active(x) =
+        max(1, m * P(R > x)) and KV(x) = active(x) * (prompt + x)."""
+        w = self.workload
+        dx = longest / points
+        total = 0.0
+        for j in range(points):
+            x = (j + 0.5) * dx
+            active = max(1.0, m * w.response_survival(x))
+            total += dx * self.step_time(active, active * (w.prompt_len + x))
+        return total
+
+    def batch_s(self, n: float) -> float:
+        """Seconds to generate a batch of `n` samples from an empty generator until its last
+        sample finishes (the barrier of sync / periodic / async): a refill phase at full
+        occupancy if the batch exceeds the slots, then the final wave with its long tail."""
+        per_replica = n / self.replicas
+        wave = min(per_replica, float(self.slots))
+        refill = (per_replica - wave) / self.samples_per_s * self.replicas
+        longest = self.workload.expected_longest(max(1, round(n)))
+        return wave * self.prefill_s + refill + self.wave_s(wave, longest)
 
 
 def replica_chips(model: ModelSpec, hw: HardwareSpec, eff: Efficiency) -> int:
@@ -209,16 +244,20 @@ class ModeRates:
 
 
 def pipeline_rates(mode: str, batch: int, trainer_sps: float, gen_sps: float, *,
-                   sync_s: float = 0.0, gen_tail_s: float = 0.0, zero_variance_frac: float = 0.0,
+                   sync_s: float = 0.0, gen_batch_s: float | None = None,
+                   zero_variance_frac: float = 0.0,
                    sandbox_latency_s: float = 0.0, staleness: int = 1) -> ModeRates:
-    """Step time and idle fractions of one pipeline mode (equations in the module docstring)."""
+    """Step time and idle fractions of one pipeline mode (equations in the module docstring).
+
+    `gen_sps` is the generator's free-running rate; `gen_batch_s` the time to generate one
+    batch behind a barrier (default: the batch at `gen_sps`, i.e. no tail)."""
     check_mode(mode)
     if min(trainer_sps, gen_sps) <= 0 or batch < 1:
         raise ValueError(f"need positive rates and batch, got trainer={trainer_sps} "
                          f"generator={gen_sps} batch={batch}")
     work = batch / (1 - zero_variance_frac) / gen_sps
     train = batch / trainer_sps
-    barrier = max(work, gen_tail_s)
+    barrier = work if gen_batch_s is None else max(gen_batch_s, 0.0)
     bound: int | None = {"sync": 0, "periodic": 1, "async": staleness, "inflight": None}[mode]
     if mode == "sync" or (mode == "async" and staleness == 0):
         step = barrier + sandbox_latency_s + sync_s + train
@@ -228,7 +267,8 @@ def pipeline_rates(mode: str, batch: int, trainer_sps: float, gen_sps: float, *,
         step = max(barrier + sync_s, train)
     else:
         step = max(work + sync_s, train)
-    return ModeRates(mode, step, batch / step, 1 - train / step, 1 - work / step, bound)
+    busy = work if mode == "inflight" else barrier
+    return ModeRates(mode, step, batch / step, 1 - train / step, max(0.0, 1 - busy / step), bound)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,11 +297,14 @@ def predict(model: ModelSpec, hw: HardwareSpec, workload: Workload, eff: Efficie
     gen = generator_model(model, hw, workload, eff, generator_chips)
     sync = weight_sync_s(model, hw, eff, trainer_chips, gen.replica_chips,
                          trainer_chips + generator_chips)
-    n_gen = math.ceil(workload.batch_size / (1 - workload.zero_variance_frac))
+    n_gen = workload.batch_size / (1 - workload.zero_variance_frac)
+    barrier = gen.batch_s(n_gen)
+    # Inflight keeps up to (1 + k) batches in flight: that bounds its rate.
+    inflight_sps = gen.bounded_rate((1 + max(staleness, 1)) * n_gen, workload.sandbox_exec_s)
     modes = {
-        m: pipeline_rates(m, workload.batch_size, tr.samples_per_s, gen.samples_per_s,
-                          sync_s=sync, gen_tail_s=gen.tail_s(n_gen),
-                          zero_variance_frac=workload.zero_variance_frac,
+        m: pipeline_rates(m, workload.batch_size, tr.samples_per_s,
+                          inflight_sps if m == "inflight" else n_gen / barrier, sync_s=sync,
+                          gen_batch_s=barrier, zero_variance_frac=workload.zero_variance_frac,
                           sandbox_latency_s=workload.sandbox_exec_s, staleness=staleness)
         for m in MODES
     }

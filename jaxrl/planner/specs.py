@@ -151,6 +151,20 @@ class Workload:
         return float(min(max(math.exp(self._mu + self.response_sigma * z), 1.0),
                          self.response_max))
 
+    def response_survival(self, x: float) -> float:
+        """P(R > x) for the truncated distribution."""
+        if x >= self.response_max:
+            return 0.0
+        if self.response_sigma == 0:
+            return 1.0 if x < self.response_mean else 0.0
+        if x <= 0:
+            return 1.0
+        return 1.0 - statistics.NormalDist().cdf((math.log(x) - self._mu) / self.response_sigma)
+
+    def expected_longest(self, n: int) -> float:
+        """Approximate expected maximum of `n` response lengths (the 1 - 1/(n+1) quantile)."""
+        return self.response_quantile(1.0 - 1.0 / (n + 1))
+
     def response_stats(self) -> ResponseStats:
         return _response_stats(self.response_mean, self.response_sigma, self.response_max,
                                self.prompt_len)
