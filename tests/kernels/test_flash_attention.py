@@ -1,0 +1,110 @@
+"""flash_attention (both bodies, interpret mode) against the jnp reference: forward and gradient."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from kernel_testing import GRAD_TOLERANCES, TOLERANCES, assert_close
+
+import kernels
+from kernels.flash_attention import BlockSizes, flash_attention_reference
+from kernels.flash_attention.ops import _block_bounds
+
+SMALL = BlockSizes(block_q=32, block_k=16, bwd_chunk=16)
+
+
+def _inputs(B, T, S, Hq, Hkv, D, dtype, seed=0):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(kq, (B, T, Hq, D), jnp.float32).astype(dtype)
+    k = jax.random.normal(kk, (B, S, Hkv, D), jnp.float32).astype(dtype)
+    v = jax.random.normal(kv, (B, S, Hkv, D), jnp.float32).astype(dtype)
+    return q, k, v
+
+
+def _packed_segments(B, T, seed=0):
+    """Several packed documents per row, then padding (its own id, 0) at the end of row 0."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for b in range(B):
+        cuts = np.sort(rng.choice(np.arange(1, T - 4), size=2, replace=False))
+        row = np.searchsorted(cuts, np.arange(T), side="right") + 1
+        if b == 0:
+            row[T - 5 :] = 0
+        rows.append(row)
+    return jnp.asarray(np.stack(rows), jnp.int32)
+
+
+# (G = Hq // Hkv, D, T, S, dtype, causal, segments): GQA ratios 1/2/4/8, head dims 64/128,
+# lengths that are not multiples of the blocks, padding + several segments, cross lengths.
+CASES = [
+    (1, 64, 40, 40, "float32", True, False),
+    (2, 128, 33, 33, "bfloat16", True, True),
+    (4, 64, 48, 48, "float32", False, True),
+    (8, 64, 21, 21, "bfloat16", True, True),
+    (4, 128, 20, 37, "float32", False, False),
+]
+
+
+@pytest.mark.parametrize("G,D,T,S,dtype,causal,segments", CASES)
+def test_forward_matches_reference(interpret, G, D, T, S, dtype, causal, segments):
+    Hkv, B = 2, 2
+    q, k, v = _inputs(B, T, S, G * Hkv, Hkv, D, jnp.dtype(dtype))
+    seg = _packed_segments(B, T) if segments else None
+    out = kernels.flash_attention(
+        q, k, v, causal=causal, segment_ids=seg, block_sizes=SMALL, interpret=interpret
+    )
+    ref = flash_attention_reference(q, k, v, causal=causal, segment_ids=seg)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert_close(out, ref, dtype, TOLERANCES)
+
+
+@pytest.mark.parametrize(
+    "G,D,dtype,segments", [(2, 64, "float32", True), (4, 128, "bfloat16", False)]
+)
+def test_gradient_matches_reference(interpret, G, D, dtype, segments):
+    B, T, Hkv = 2, 36, 1
+    q, k, v = _inputs(B, T, T, G * Hkv, Hkv, D, jnp.dtype(dtype), seed=1)
+    w = jax.random.normal(jax.random.key(2), q.shape, jnp.float32)
+    seg = _packed_segments(B, T, seed=1) if segments else None
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * w)
+
+    kernel = lambda q, k, v: kernels.flash_attention(
+        q, k, v, segment_ids=seg, block_sizes=SMALL, interpret=interpret
+    )
+    reference = lambda q, k, v: flash_attention_reference(q, k, v, segment_ids=seg)
+    got = jax.grad(loss(kernel), argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(loss(reference), argnums=(0, 1, 2))(q, k, v)
+    for g, r in zip(got, want, strict=True):
+        assert g.dtype == q.dtype
+        assert_close(g, r, dtype, GRAD_TOLERANCES)
+
+
+def test_block_bounds_skip_causal_and_segments():
+    # T = 64, G = 1, blocks of 16: causal q block i needs kv blocks [0, i]; only block i is masked.
+    b = np.asarray(_block_bounds(1, 64, 64, 1, 16, 16, True, None, None))[0]
+    np.testing.assert_array_equal(b[:, 2], [1, 2, 3, 4])  # hi
+    np.testing.assert_array_equal(b[:, 1], [0, 1, 2, 3])  # mid: [lo, mid) unmasked
+    # Two packed documents of 32 tokens: the second document's q blocks never read the first's kv.
+    seg = jnp.asarray([[1] * 32 + [2] * 32], jnp.int32)
+    b = np.asarray(_block_bounds(1, 64, 64, 1, 16, 16, True, seg, seg))[0]
+    np.testing.assert_array_equal(b[:, 0], [0, 0, 2, 2])  # lo
+    np.testing.assert_array_equal(b[:, 2], [1, 2, 3, 4])  # hi
+    # GQA folding (G = 4): q block of 16 folded rows = 4 tokens.
+    b = np.asarray(_block_bounds(1, 64 * 4, 64, 4, 16, 16, True, None, None))[0]
+    assert b[0, 2] == 1 and b[4, 2] == 2 and b[-1, 2] == 4
+
+
+def test_rejects_bad_shapes():
+    q, k, v = _inputs(1, 8, 8, 3, 2, 16, jnp.float32)
+    with pytest.raises(ValueError, match="multiple"):
+        kernels.flash_attention(q, k, v, interpret=True)
+
+
+def test_cpu_without_interpret_is_a_clear_error():
+    if jax.default_backend() != "cpu":
+        pytest.skip("CPU-only check")
+    q, k, v = _inputs(1, 8, 8, 2, 2, 16, jnp.float32)
+    with pytest.raises(ValueError, match="interpret"):
+        kernels.flash_attention(q, k, v)
