@@ -1,0 +1,171 @@
+"""Rollouts, groups, and the versioned rollout buffer between generator and trainer.
+
+A group is the `n` samples of one prompt. The buffer drops (and counts) groups whose rewards have
+zero variance — they carry no GRPO signal (DAPO's dynamic sampling) — and applies the staleness
+bound when the trainer takes data: a group whose oldest token is more than `max_staleness`
+versions behind the trainer is dropped, or kept with a down-weight, as configured.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Any, Literal
+
+import numpy as np
+
+from jaxrl.train.batch import Batch, make_batch
+
+StalePolicy = Literal["drop", "downweight"]
+
+
+@dataclasses.dataclass
+class Rollout:
+    prompt: list[int]
+    completion: list[int]
+    logprobs: list[float]  # behaviour log-probabilities, one per completion token
+    versions: list[int]  # policy version that produced each completion token
+    finish_reason: str = "stop"
+    reward: float = 0.0
+    components: dict[str, float] = dataclasses.field(default_factory=dict)
+    text: str = ""
+
+    @property
+    def min_version(self) -> int:
+        return min(self.versions) if self.versions else 0
+
+
+@dataclasses.dataclass
+class Group:
+    example: dict[str, Any]  # the task example (fields for the reward; never the model input)
+    rollouts: list[Rollout]
+    index: int = 0  # position of the prompt in the data stream
+    weight: float = 1.0  # < 1 when kept despite exceeding the staleness bound
+
+    @property
+    def rewards(self) -> np.ndarray:
+        return np.asarray([r.reward for r in self.rollouts], np.float64)
+
+    @property
+    def zero_variance(self) -> bool:
+        rewards = self.rewards
+        return bool(rewards.size) and bool(np.all(rewards == rewards[0]))
+
+    @property
+    def min_version(self) -> int:
+        return min(r.min_version for r in self.rollouts)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r.prompt) + len(r.completion) for r in self.rollouts)
+
+
+@dataclasses.dataclass
+class BufferCounters:
+    groups_added: int = 0
+    zero_variance: int = 0
+    stale_dropped: int = 0
+    stale_downweighted: int = 0
+    groups_taken: int = 0
+
+
+class RolloutBuffer:
+    """Thread-safe FIFO of scored groups with zero-variance filtering and a staleness bound."""
+
+    def __init__(self, *, filter_zero_variance: bool = True, max_staleness: int | None = None,
+                 stale_policy: StalePolicy = "drop", stale_weight: float = 0.5):
+        if stale_policy not in ("drop", "downweight"):
+            raise ValueError(
+                f"stale_policy: invalid value {stale_policy!r}; valid choices: drop, downweight"
+            )
+        self.filter_zero_variance = filter_zero_variance
+        self.max_staleness = max_staleness
+        self.stale_policy = stale_policy
+        self.stale_weight = stale_weight
+        self.counters = BufferCounters()
+        self._groups: collections.deque[Group] = collections.deque()
+        self._cond = threading.Condition()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._groups)
+
+    def add(self, group: Group) -> bool:
+        """Add a scored group; returns False if it was filtered out (zero reward variance)."""
+        with self._cond:
+            self.counters.groups_added += 1
+            if self.filter_zero_variance and group.zero_variance:
+                self.counters.zero_variance += 1
+                return False
+            self._groups.append(group)
+            self._cond.notify_all()
+            return True
+
+    def take(self, num_groups: int, trainer_version: int) -> list[Group]:
+        """Up to `num_groups` groups fit for `trainer_version` (oldest first); stale ones dropped
+        or down-weighted. May return fewer than asked when the buffer runs dry."""
+        out = []
+        with self._cond:
+            while self._groups and len(out) < num_groups:
+                group = self._groups.popleft()
+                staleness = trainer_version - group.min_version
+                if self.max_staleness is not None and staleness > self.max_staleness:
+                    if self.stale_policy == "drop":
+                        self.counters.stale_dropped += 1
+                        continue
+                    excess = staleness - self.max_staleness
+                    group.weight = self.stale_weight**excess
+                    self.counters.stale_downweighted += 1
+                out.append(group)
+            self.counters.groups_taken += len(out)
+        return out
+
+
+def staleness_stats(groups: list[Group], trainer_version: int) -> dict[str, float]:
+    """Token-weighted staleness (trainer version minus token version) over a batch."""
+    lags = [trainer_version - v for g in groups for r in g.rollouts for v in r.versions]
+    if not lags:
+        return {"staleness/mean": 0.0, "staleness/max": 0.0}
+    return {"staleness/mean": float(np.mean(lags)), "staleness/max": float(np.max(lags))}
+
+
+def groups_to_batch(groups: list[Group], *, with_versions: bool = True) -> Batch:
+    """Lay out groups as the trainer's `Batch`: one right-padded row per rollout.
+
+    Row = prompt + completion; the loss covers completion tokens; behaviour logprobs and versions
+    sit at the position of the token they score (see `jaxrl.train.batch`).
+    """
+    rows = [(gi, r) for gi, g in enumerate(groups) for r in g.rollouts]
+    if not rows:
+        raise ValueError("groups_to_batch: no rollouts to lay out")
+    length = max(len(r.prompt) + len(r.completion) for _, r in rows)
+    b = len(rows)
+    tokens = np.zeros((b, length), np.int32)
+    segment_ids = np.zeros((b, length), np.int32)
+    loss_mask = np.zeros((b, length), np.float32)
+    behaviour = np.zeros((b, length), np.float32)
+    versions = np.zeros((b, length), np.int32)
+    rewards = np.zeros((b,), np.float32)
+    group_ids = np.zeros((b,), np.int32)
+    for i, (gi, r) in enumerate(rows):
+        p, c = len(r.prompt), len(r.completion)
+        if p < 1:
+            raise ValueError("a rollout has an empty prompt; position 0 cannot carry loss")
+        if len(r.logprobs) != c or len(r.versions) != c:
+            raise ValueError(
+                f"rollout {i}: {c} completion tokens but {len(r.logprobs)} logprobs and "
+                f"{len(r.versions)} versions"
+            )
+        tokens[i, : p + c] = r.prompt + r.completion
+        segment_ids[i, : p + c] = 1
+        loss_mask[i, p : p + c] = 1.0
+        behaviour[i, p : p + c] = r.logprobs
+        versions[i, p : p + c] = r.versions
+        rewards[i] = r.reward
+        group_ids[i] = gi
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), (b, length))
+    return make_batch(
+        tokens, loss_mask, rewards, group_ids, positions=positions, segment_ids=segment_ids,
+        behaviour_logprobs=behaviour, versions=versions if with_versions else None,
+    )
