@@ -16,33 +16,28 @@ LN2 = math.log(2.0)
 BACKENDS = ("tpu", "gpu")
 
 
-def resolve_backend(backend: str | None, interpret) -> str:
-    """Which kernel body to run: "tpu" (Mosaic) or "gpu" (Triton).
+def resolve_backend(backend: str | None, interpret):
+    """Which kernel body to run, "tpu" (Mosaic) or "gpu" (Triton), and the ``interpret`` to pass.
 
-    Explicit ``backend`` wins. ``interpret=pltpu.InterpretParams(...)`` means the TPU body (the TPU
-    interpreter). Otherwise the running platform decides; on CPU ``interpret=True`` runs the GPU
-    body in Pallas' generic interpreter.
+    Explicit ``backend`` wins. ``interpret=pltpu.InterpretParams(...)`` means the TPU body under the
+    TPU interpreter. Otherwise the running platform decides. CPU has no compiled Pallas, so there
+    the kernels always interpret: ``interpret=False`` (the default) or ``True`` runs the GPU body in
+    Pallas' generic interpreter (the faster one), so ``attention_impl="pallas"`` works on CPU.
     """
+    from jax.experimental.pallas import tpu as pltpu
+
+    platform = jax.default_backend()
+    on_cpu = platform not in ("tpu", "gpu", "cuda", "rocm")
     if backend is not None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
-        return backend
-    from jax.experimental.pallas import tpu as pltpu
-
-    if isinstance(interpret, pltpu.InterpretParams):
-        return "tpu"
-    platform = jax.default_backend()
-    if platform == "tpu":
-        return "tpu"
-    if platform in ("gpu", "cuda", "rocm"):
-        return "gpu"
-    if interpret:
-        return "gpu"
-    raise ValueError(
-        f"Pallas kernels need a TPU or GPU; the running backend is {platform!r}. On CPU pass "
-        "interpret=True (GPU body) or interpret=pltpu.InterpretParams() (TPU body), or use the "
-        "XLA reference (attention_impl='xla')."
-    )
+    elif isinstance(interpret, pltpu.InterpretParams) or platform == "tpu":
+        backend = "tpu"
+    else:
+        backend = "gpu"
+    if on_cpu and not interpret:
+        interpret = pltpu.InterpretParams() if backend == "tpu" else True
+    return backend, interpret
 
 
 def cdiv(a: int, b: int) -> int:

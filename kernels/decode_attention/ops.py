@@ -99,7 +99,7 @@ def decode_attention(
     check_decode_args(q, k_cache, v_cache, lengths)
     B, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
-    backend = resolve_backend(backend, interpret)
+    backend, interpret = resolve_backend(backend, interpret)
     bs = (block_sizes or BlockSizes()).resolve(backend, B, Hkv, S)
     scale = float(D**-0.5 if sm_scale is None else sm_scale)
     lengths = jnp.minimum(lengths.astype(jnp.int32), S)

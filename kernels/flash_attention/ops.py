@@ -259,8 +259,9 @@ def flash_attention(
     (needs T == S) restricts attention to equal ids: packing, and padding with its own id. Blocks
     fully masked by causality or segments are skipped; skipping by segments is complete when ids
     are non-decreasing along the sequence (packed layout), otherwise conservative but exact.
-    ``interpret``: False; True (generic interpreter, GPU body on CPU); or
-    ``pltpu.InterpretParams()`` (TPU interpreter, TPU body). ``backend`` "tpu" | "gpu" forces a
+    ``interpret``: False (compiled; on CPU, where nothing compiles, the GPU body interpreted);
+    True (generic interpreter, GPU body on CPU); or ``pltpu.InterpretParams()`` (TPU interpreter,
+    TPU body). ``backend`` "tpu" | "gpu" forces a
     body.
     Differentiable (custom_vjp; backward is an XLA recompute, see module docstring).
     """
@@ -276,11 +277,12 @@ def flash_attention(
             f"segment_ids must be [B, T] = {(B, T)} with S == T; got "
             f"{segment_ids.shape}, S={k.shape[1]}"
         )
+    backend, interpret = resolve_backend(backend, interpret)
     cfg = _Config(
         causal=bool(causal),
         sm_scale=float(D**-0.5 if sm_scale is None else sm_scale),
         block_sizes=block_sizes or BlockSizes(),
         interpret=interpret,
-        backend=resolve_backend(backend, interpret),
+        backend=backend,
     )
     return _flash(q, k, v, segment_ids, cfg)

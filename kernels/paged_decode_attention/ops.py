@@ -74,7 +74,7 @@ def paged_decode_attention(
             f"q [B, Hq, D], lengths [B] and page_table [B, P] disagree: {q.shape}, "
             f"{lengths.shape}, {page_table.shape}"
         )
-    backend = resolve_backend(backend, interpret)
+    backend, interpret = resolve_backend(backend, interpret)
     if backend == "gpu" and (page_size < 16 or page_size & (page_size - 1)):
         raise ValueError(f"the GPU body needs page_size a power of two >= 16, got {page_size}")
     bs = (block_sizes or BlockSizes()).resolve(backend, B, Hkv, P)
