@@ -1,0 +1,228 @@
+"""Pipeline modes: how generation overlaps training, from one Python process.
+
+Batch `b` is trained at step `b` by a trainer holding policy version `b` (the params after `b`
+updates). The generator may start batch `b` once version `b - ahead` is published:
+
+| mode       | ahead | what happens                                                        |
+|------------|-------|---------------------------------------------------------------------|
+| `sync`     | 0     | generate batch t with v_t → train → reshard → repeat                |
+| `periodic` | 1     | the generator makes batch t+1 with v_t while the trainer trains on t |
+| `async`    | k     | the generator runs up to k versions ahead                           |
+| `inflight` | k     | as `async`, and new weights are swapped in between decode chunks    |
+
+So staleness (trainer version minus the version of a token) is ≤ `ahead` by construction; the
+rollout buffer re-checks it. The generator runs in a worker thread around jitted calls (JAX
+releases the GIL while running), the trainer in the calling thread. Errors in either side, or
+Ctrl-C, stop both: the worker is joined, nothing is left running.
+
+The pipeline knows nothing about models: it calls
+
+* `produce(step, weights) -> Produced` in the generator thread — makes batch `step`, calling
+  `weights() -> (generator_params, version)` for the newest published weights: once at the start
+  of the batch, and in `inflight` mode again between decode chunks;
+* `train(step, produced) -> (metrics, params)` in the calling thread — one update on that batch;
+* `publish(params, version) -> (generator_params, metrics)` — reshards the trainer's `params`
+  onto the generator mesh (weight sync); the result becomes what `weights()` returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from jaxrl.controller.trace import TraceWriter
+
+Mode = Literal["sync", "periodic", "async", "inflight"]
+MODES: tuple[str, ...] = ("sync", "periodic", "async", "inflight")
+
+
+def ahead_for(mode: str, max_staleness: int) -> int:
+    if mode not in MODES:
+        raise ValueError(f"unknown pipeline mode {mode!r}; valid choices: {list(MODES)}")
+    if mode in ("async", "inflight") and max_staleness < 1:
+        raise ValueError(f"mode {mode!r} needs max_staleness >= 1, got {max_staleness}")
+    return {"sync": 0, "periodic": 1}.get(mode, max_staleness)
+
+
+@dataclasses.dataclass
+class Produced:
+    """One batch from the generator side."""
+
+    step: int
+    payload: Any  # e.g. scored groups
+    num_rollouts: int
+    num_tokens: int
+    busy_s: float  # generator time spent producing it (excludes waiting for weights)
+    min_version: int
+    extra: dict = dataclasses.field(default_factory=dict)  # e.g. data iterator state, stats
+
+
+class PipelineStopped(RuntimeError):
+    """The pipeline was stopped (Ctrl-C, an error on the other side, or `stop()`)."""
+
+
+class _Published:
+    """The latest weights for the generator, with a condition to wait for a version."""
+
+    def __init__(self, params: Any, version: int):
+        self.params, self.version = params, version
+        self.cond = threading.Condition()
+
+    def set(self, params: Any, version: int) -> None:
+        with self.cond:
+            self.params, self.version = params, version
+            self.cond.notify_all()
+
+    def get(self) -> tuple[Any, int]:
+        with self.cond:
+            return self.params, self.version
+
+
+class Pipeline:
+    def __init__(
+        self,
+        *,
+        mode: Mode,
+        max_staleness: int = 1,
+        produce: Callable[[int, Callable[[], tuple[Any, int]]], Produced],
+        train: Callable[[int, Produced], tuple[dict, Any]],
+        publish: Callable[[Any, int], tuple[Any, dict]],
+        trace: TraceWriter | None = None,
+        poll_s: float = 0.05,
+    ):
+        self.mode = mode
+        self.ahead = ahead_for(mode, max_staleness)
+        self._produce, self._train, self._publish = produce, train, publish
+        self.trace = trace or TraceWriter()
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+        self._ready: dict[int, Produced] = {}
+        self._ready_cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._gen_idle_s = 0.0
+        self._gen_busy_s = 0.0
+        self._published: _Published | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ generator side
+
+    def _wait_for_version(self, version: int) -> None:
+        pub = self._published
+        with pub.cond:
+            while pub.version < version:
+                if self._stop.is_set():
+                    raise PipelineStopped()
+                pub.cond.wait(self.poll_s)
+
+    def _generator_loop(self, start: int, end: int) -> None:
+        try:
+            for b in range(start, end):
+                t0 = time.perf_counter()
+                self._wait_for_version(b - self.ahead)
+                waited = time.perf_counter() - t0
+                self._gen_idle_s += waited
+                if waited > 1e-3:
+                    self.trace.add("generator", "wait_weights", self.trace.now() - waited, waited)
+                t1 = time.perf_counter()
+                with self.trace.span("generator", "produce", step=b):
+                    produced = self._produce(b, self._published.get)
+                self._gen_busy_s += time.perf_counter() - t1
+                with self._ready_cond:
+                    self._ready[b] = produced
+                    self._ready_cond.notify_all()
+                if self._stop.is_set():
+                    return
+        except PipelineStopped:
+            return
+        except BaseException as e:  # surfaced to the trainer thread
+            self._error = e
+            self._stop.set()
+            with self._ready_cond:
+                self._ready_cond.notify_all()
+
+    # ------------------------------------------------------------------ trainer side
+
+    def _wait_for_batch(self, step: int) -> Produced:
+        with self._ready_cond:
+            while step not in self._ready:
+                if self._error is not None:
+                    raise self._error
+                if self._stop.is_set():
+                    raise PipelineStopped()
+                self._ready_cond.wait(self.poll_s)
+            return self._ready.pop(step)
+
+    def run(
+        self,
+        *,
+        start_step: int,
+        num_steps: int,
+        initial_params: Any,
+        on_step: Callable[[int, dict], None] | None = None,
+    ) -> None:
+        """Run steps `start_step .. num_steps-1`; `on_step(step, metrics)` after each update.
+
+        `initial_params` are published as version `start_step` before the generator starts.
+        """
+        self._published = _Published(None, start_step - 1)
+        self._timed_publish(initial_params, start_step)
+        self._thread = threading.Thread(
+            target=self._generator_loop, args=(start_step, num_steps), name="jaxrl-generator",
+            daemon=True,
+        )
+        self._thread.start()
+        try:
+            for step in range(start_step, num_steps):
+                window_start = time.perf_counter()
+                idle0, busy0 = self._gen_idle_s, self._gen_busy_s
+                with self.trace.span("trainer", "wait_batch", step=step):
+                    produced = self._wait_for_batch(step)
+                waited = time.perf_counter() - window_start
+                t0 = time.perf_counter()
+                with self.trace.span("trainer", "train_step", step=step):
+                    metrics, params = self._train(step, produced)
+                pub_metrics = self._timed_publish(params, step + 1)
+                train_s = time.perf_counter() - t0
+                window = time.perf_counter() - window_start
+                gen_busy = self._gen_busy_s - busy0
+                metrics = dict(metrics)
+                metrics.update(pub_metrics)
+                metrics.update({
+                    "pipeline/step_s": window,
+                    "pipeline/trainer_idle_frac": waited / window,
+                    "pipeline/generator_idle_frac": min(1.0, (self._gen_idle_s - idle0) / window),
+                    "pipeline/rollouts_per_s_consumed": produced.num_rollouts / train_s,
+                    "pipeline/rollouts_per_s_produced": produced.num_rollouts
+                    / max(produced.busy_s, 1e-9),
+                    "pipeline/generator_busy_s": gen_busy,
+                    "pipeline/trainer_busy_s": train_s,
+                    "pipeline/ahead": float(self.ahead),
+                })
+                if on_step is not None:
+                    on_step(step, metrics)
+        finally:
+            self.stop()
+
+    def _timed_publish(self, params: Any, version: int) -> dict:
+        start = self.trace.now()
+        gen_params, metrics = self._publish(params, version)
+        self.trace.add("weight_sync", "reshard", start, self.trace.now() - start, version=version)
+        self._published.set(gen_params, version)
+        return metrics or {}
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the generator thread and wait for it (bounded)."""
+        self._stop.set()
+        if self._published is not None:
+            with self._published.cond:
+                self._published.cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                raise RuntimeError(
+                    f"generator thread did not stop within {timeout_s:.0f}s after shutdown"
+                )
+            self._thread = None
