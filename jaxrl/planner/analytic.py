@@ -23,7 +23,7 @@ training time X = B / trainer_rate, sync S, sandbox latency Q, barrier time G_b 
 for B / (1 - z) samples started together to finish (`batch_s`: per replica m samples, decode
 steps summed over positions x with m * P(R > x) sequences still active, up to the expected
 longest response; the long tail), and for inflight W at the rate Little's law allows with
-(1 + k) batches outstanding, each sample resident until its group's longest member is done):
+k + 1/2 batches in generation, each sample resident until its group's longest member is done):
 
     sync      step = G_b + Q + S + X
     periodic  step = max(G_b + Q, X) + S                (staleness <= 1)
@@ -113,11 +113,14 @@ class GeneratorModel:
         """Samples/s when at most `outstanding` samples may be in flight (issued, not yet
         consumed), as in inflight mode: by Little's law at most outstanding / residence, where a
         sample resides until the longest of its group is decoded (GRPO needs the whole group)
-        and scored (`latency_s`)."""
+        and scored (`latency_s`); a sample decodes only a part of that time."""
         w = self.workload
-        b = max(1.0, min(float(self.slots), outstanding / self.replicas))
+        longest = w.expected_longest(w.group_size)
+        # Only the fraction E[R] / E[max of group] of resident samples is still decoding.
+        active = outstanding / self.replicas * w.response_stats().mean / longest
+        b = max(1.0, min(float(self.slots), active))
         step = self.step_time(b, b * w.response_stats().resident_kv_tokens)
-        residence = w.expected_longest(w.group_size) * step + self.prefill_s + latency_s
+        residence = longest * step + self.prefill_s + latency_s
         return min(self.samples_per_s_at(b), outstanding / residence)
 
     def wave_s(self, m: float, longest: float, points: int = 256) -> float:
@@ -299,8 +302,9 @@ def predict(model: ModelSpec, hw: HardwareSpec, workload: Workload, eff: Efficie
                          trainer_chips + generator_chips)
     n_gen = workload.batch_size / (1 - workload.zero_variance_frac)
     barrier = gen.batch_s(n_gen)
-    # Inflight keeps up to (1 + k) batches in flight: that bounds its rate.
-    inflight_sps = gen.bounded_rate((1 + max(staleness, 1)) * n_gen, workload.sandbox_exec_s)
+    # Inflight keeps up to (1 + k) batches issued and not consumed; on average half a batch of
+    # them waits in the buffer for the trainer, so about (k + 1/2) batches are being generated.
+    inflight_sps = gen.bounded_rate((0.5 + max(staleness, 1)) * n_gen, workload.sandbox_exec_s)
     modes = {
         m: pipeline_rates(m, workload.batch_size, tr.samples_per_s,
                           inflight_sps if m == "inflight" else n_gen / barrier, sync_s=sync,

@@ -102,13 +102,24 @@ class SimResult:
         return self.consumed / self.wall_s if self.wall_s > 0 else math.inf
 
     @property
+    def steady_consumed_per_s(self) -> float:
+        """Consumed samples/s after the first quarter of the steps (no pipeline fill)."""
+        e, batch = self.step_end_s, self.consumed / len(self.step_end_s)
+        q = len(e) // 4
+        if q == 0 or e[-1] <= e[q - 1]:
+            return self.consumed_per_s
+        return batch * (len(e) - q) / float(e[-1] - e[q - 1])
+
+    @property
     def staleness_max(self) -> int:
         return max(self.staleness_hist, default=0)
 
     def summary(self) -> dict[str, float]:
         steady = self.step_s[len(self.step_s) // 4:]
         return {"step_s_median": float(np.median(steady)), "wall_s": self.wall_s,
-                "consumed_per_s": self.consumed_per_s, "trainer_idle": self.trainer_idle,
+                "consumed_per_s": self.consumed_per_s,
+                "steady_consumed_per_s": self.steady_consumed_per_s,
+                "trainer_idle": self.trainer_idle,
                 "generator_idle": self.generator_idle, "slot_utilization": self.slot_utilization,
                 "staleness_max": self.staleness_max}
 

@@ -161,9 +161,11 @@ class Workload:
             return 1.0
         return 1.0 - statistics.NormalDist().cdf((math.log(x) - self._mu) / self.response_sigma)
 
-    def expected_longest(self, n: int) -> float:
-        """Approximate expected maximum of `n` response lengths (the 1 - 1/(n+1) quantile)."""
-        return self.response_quantile(1.0 - 1.0 / (n + 1))
+    def expected_longest(self, n: int, points: int = 1024) -> float:
+        """E[max of `n` response lengths] = integral of 1 - (1 - P(R > x))^n over [0, max]."""
+        dx = self.response_max / points
+        return sum(dx * (1.0 - (1.0 - self.response_survival((j + 0.5) * dx)) ** n)
+                   for j in range(points))
 
     def response_stats(self) -> ResponseStats:
         return _response_stats(self.response_mean, self.response_sigma, self.response_max,

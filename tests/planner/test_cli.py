@@ -1,0 +1,79 @@
+"""launch/plan.py end to end (subprocess), and its override parsing."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxrl.planner import cli
+from jaxrl.planner.specs import Workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def plan(*args, env_extra=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    return subprocess.run([sys.executable, str(ROOT / "launch" / "plan.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_preset_with_simulation_and_trace(tmp_path):
+    trace = tmp_path / "plan_trace.json"
+    r = plan("--model", "qwen3-8b", "--hardware", "h100", "--chips", "16", "--split", "8:8",
+             "--workload.batch_size=128", "--workload.group_size=8",
+             "--workload.response_mean=1024", "--workload.response_max=4096",
+             "--simulate", "--steps", "4", "--trace", str(trace))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "recommended:" in out and "predicted gain over baseline 8:8" in out
+    assert "speedup per mode" in out and "simulator" in out
+    for mode in ("sync", "periodic", "async", "inflight"):
+        assert f"best {mode}" in out
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e["name"] == "train_step" for e in events)
+
+
+def test_bad_preset_lists_valid_names():
+    r = plan("--model", "gpt-17")
+    assert r.returncode == 2
+    assert "gpt-17" in r.stderr and "qwen3-235b-a22b" in r.stderr and "glm-5" in r.stderr
+    r = plan("--hardware", "a100")
+    assert r.returncode == 2 and "tpu-v6e" in r.stderr
+
+
+def test_published_and_list():
+    r = plan("--published")
+    assert r.returncode == 0, r.stderr
+    assert "29.1%" in r.stdout and "104:152" in r.stdout and "48:208" in r.stdout
+    r = plan("--list")
+    assert r.returncode == 0 and "tpu-v5e" in r.stdout and "inflight" in r.stdout
+
+
+def test_from_run(tmp_path):
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    row = {"pipeline/rollouts_per_s_produced": 1.0, "pipeline/rollouts_per_s_consumed": 1.0,
+           "pipeline/trainer_idle_frac": 0.5, "pipeline/trainer_chips": 4,
+           "pipeline/generator_chips": 4}
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(row) for _ in range(5)) + "\n")
+    r = plan("--from-run", str(run))
+    assert r.returncode == 0, r.stderr
+    assert "recommended: 3:5" in r.stdout  # trainer twice as fast per chip -> more generators
+    r = plan("--from-run", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "metrics.jsonl" in r.stderr
+
+
+def test_overrides_are_strict():
+    w = cli.apply(Workload(), {"batch_size": "64", "response_sigma": "0.5",
+                               "prefix_sharing": "false"}, "workload")
+    assert (w.batch_size, w.response_sigma, w.prefix_sharing) == (64, 0.5, False)
+    with pytest.raises(ValueError, match="unknown field workload.bsz; valid: .*batch_size"):
+        cli.apply(Workload(), {"bsz": "64"}, "workload")
+    with pytest.raises(ValueError, match="expects int"):
+        cli.apply(Workload(), {"batch_size": "many"}, "workload")
+    with pytest.raises(ValueError, match="SECTION.FIELD"):
+        cli.parse_overrides(["--bogus"])
+    assert cli.main(["--workload.nope=1"]) == 2
