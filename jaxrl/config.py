@@ -16,6 +16,9 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
+from jaxrl.data.config import DataConfig
+from jaxrl.train.config import TrainConfig
+
 DTypeName = Literal["float32", "bfloat16", "float16"]
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
 Architecture = Literal["llama", "qwen2", "qwen3"]
@@ -156,14 +159,115 @@ class MeshConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class GenerateConfig:
+    """The generator engine and its sampling settings (group size and lengths live in `data`)."""
+
+    num_slots: int = 64  # concurrent samples (decode batch) on the generator mesh
+    max_len: int = 0  # KV-cache length per slot; 0 = longest prompt + data.max_new_tokens, bucketed
+    chunk_steps: int = 16  # decode steps per host round trip
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    dtype: DTypeName | None = None  # cast weights to this dtype on sync (None: trainer's dtype)
+
+    def __post_init__(self):
+        validate_literals(self) if self.dtype is not None else None
+        _check_positive("generate", num_slots=self.num_slots, chunk_steps=self.chunk_steps)
+        if self.max_len < 0:
+            raise ConfigError(f"generate.max_len: must be >= 0 (0 = automatic), got {self.max_len}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ConfigError(
+                f"generate: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
+                f"temperature={self.temperature}, top_p={self.top_p}, top_k={self.top_k}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardsConfig:
+    """Where rewards run: the local sandbox pool, or a Ray cluster of CPU hosts."""
+
+    backend: Literal["local", "ray"] = "local"
+    address: str | None = None  # Ray: "auto", "ray://host:10001", or None to start a local Ray
+    num_workers: int = 0  # sandbox slots; 0 = one per CPU core
+    tier: Literal["auto", "A", "B"] = "auto"  # isolation tier (see jaxrl.rewards.sandbox)
+    timeout_s: float = 5.0  # per reward item
+    scorer_workers: int = 2  # killable processes for non-sandbox rewards (math checking)
+
+    def __post_init__(self):
+        validate_literals(self)
+        if self.num_workers < 0:
+            raise ConfigError(f"rewards.num_workers: must be >= 0, got {self.num_workers}")
+        _check_positive("rewards", timeout_s=self.timeout_s, scorer_workers=self.scorer_workers)
+
+
+PipelineMode = Literal["sync", "periodic", "async", "inflight"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """How generation overlaps training (see jaxrl.controller.pipeline)."""
+
+    mode: PipelineMode = "periodic"
+    steps: int = 40  # RL updates in the run
+    max_staleness: int = 2  # k for async / inflight (sync is 0, periodic 1 by construction)
+    stale_policy: Literal["drop", "downweight"] = "drop"
+    max_oversample_rounds: int = 2  # extra prompt draws to replace zero-variance groups
+    log_every: int = 1
+
+    def __post_init__(self):
+        validate_literals(self)
+        _check_positive("pipeline", steps=self.steps, log_every=self.log_every)
+        if self.max_staleness < 0 or self.max_oversample_rounds < 0:
+            raise ConfigError(
+                f"pipeline: max_staleness and max_oversample_rounds must be >= 0, got "
+                f"{self.max_staleness} and {self.max_oversample_rounds}"
+            )
+        if self.mode in ("async", "inflight") and self.max_staleness < 1:
+            raise ConfigError(
+                f"pipeline.max_staleness: mode {self.mode!r} needs >= 1, got {self.max_staleness}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class DistConfig:
+    """Multi-process JAX (`jax.distributed`). Empty values: read from the environment, if any."""
+
+    coordinator: str | None = None  # host:port of process 0
+    num_processes: int | None = None
+    process_id: int | None = None
+    initialization_timeout_s: int = 120
+
+    def __post_init__(self):
+        if self.num_processes is not None and self.num_processes < 1:
+            raise ConfigError(f"dist.num_processes: must be >= 1, got {self.num_processes}")
+        if self.process_id is not None and self.num_processes is not None:
+            if not 0 <= self.process_id < self.num_processes:
+                raise ConfigError(
+                    f"dist.process_id: must be in [0, {self.num_processes}), got {self.process_id}"
+                )
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """One experiment. Later parts of jaxrl add their sections here."""
+    """One experiment: every section, with defaults for the CPU demo."""
 
     name: str = "default"
     seed: int = 0
     run_dir: str = "runs"
+    init: str | None = None  # local HF directory to start from; None = random init (+ SFT)
+    tokenizer: str = "char"  # "char" or a local HF tokenizer directory
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    generate: GenerateConfig = dataclasses.field(default_factory=GenerateConfig)
+    rewards: RewardsConfig = dataclasses.field(default_factory=RewardsConfig)
+    pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
+    dist: DistConfig = dataclasses.field(default_factory=DistConfig)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.run_dir) / self.name
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -223,34 +327,33 @@ def _field_map(obj: Any) -> dict[str, tuple[dataclasses.Field, Any]]:
     return {f.name: (f, hints[f.name]) for f in dataclasses.fields(obj)}
 
 
-def apply_override(cfg: Any, key: str, text: str) -> Any:
+def apply_override(cfg: Any, key: str, text: str, _prefix: str = "") -> Any:
     """Return a copy of `cfg` with the dotted `key` set from `text`."""
     head, _, rest = key.partition(".")
+    full = _prefix + head
     fields = _field_map(cfg)
     if head not in fields:
         raise ConfigError(
-            f"--{key}: unknown key {head!r} in {type(cfg).__name__}; valid keys: {sorted(fields)}"
+            f"--{_prefix}{key}: unknown key {head!r} in {type(cfg).__name__}; "
+            f"valid keys: {sorted(fields)}"
         )
     _, tp = fields[head]
     current = getattr(cfg, head)
     if rest:
         inner, _ = _strip_optional(tp)
         if not dataclasses.is_dataclass(inner):
-            raise ConfigError(f"--{key}: {head!r} is a value, not a section")
+            raise ConfigError(f"--{_prefix}{key}: {full!r} is a value, not a section")
         if current is None:
             current = inner()
-        try:
-            new = apply_override(current, rest, text)
-        except ConfigError as e:
-            raise ConfigError(str(e).replace(f"--{rest}:", f"--{key}:", 1)) from None
+        new = apply_override(current, rest, text, _prefix=full + ".")
     else:
-        new = parse_value(key, text, tp)
+        new = parse_value(full, text, tp)
     try:
         return dataclasses.replace(cfg, **{head: new})
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"--{key}={text}: {e}") from None
+        raise ConfigError(f"--{_prefix}{key}={text}: {e}") from None
 
 
 def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
