@@ -1,0 +1,68 @@
+"""`sample(model, prompts, SamplingParams(...)) -> list[Completion]`: generation in one call."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from jax.sharding import Mesh
+
+from jaxrl.generate.engine import JaxEngine, default_buckets
+from jaxrl.generate.sampling import SamplingParams
+from jaxrl.generate.scheduler import Completion, Scheduler
+from jaxrl.models.transformer import Transformer
+
+
+def _as_model(model_or_params, mesh: Mesh | None) -> Transformer:
+    if isinstance(model_or_params, Transformer):
+        return model_or_params
+    if isinstance(model_or_params, tuple) and len(model_or_params) == 2:
+        if isinstance(model_or_params[1], Transformer):  # (cfg, model) from load_pretrained
+            return model_or_params[1]
+    if isinstance(model_or_params, str | Path):
+        from jaxrl.models.hf import load_pretrained
+
+        return load_pretrained(model_or_params, mesh=mesh, role="generator")[1]
+    raise TypeError("sample: expected a Transformer, a (config, Transformer) pair or a checkpoint "
+                    f"path, got {type(model_or_params).__name__}")
+
+
+def sample(model_or_params, prompts: Sequence[Sequence[int]], sampling: SamplingParams, *,
+           num_slots: int | None = None, max_len: int | None = None, mesh: Mesh | None = None,
+           eos_ids: Sequence[int] = (), chunk_steps: int = 16) -> list[Completion]:
+    """Sample `sampling.n` completions for each prompt.
+
+    `model_or_params` is a `Transformer`, a `(config, Transformer)` pair, a checkpoint path, or a
+    `JaxEngine` (reused as is: its compiled functions, slots, cache length and EOS ids).
+
+    Returns `len(prompts) * n` completions ordered by prompt, then sample index. The KV cache is
+    sized to the longest prompt + `max_tokens` (rounded up to a power of two) unless `max_len`
+    is given; `num_slots` defaults to the number of samples, at most 64.
+    """
+    if isinstance(prompts, str) or not all(isinstance(p, Sequence) for p in prompts):
+        raise TypeError("sample: prompts must be a list of token-id lists (list[list[int]])")
+    if not prompts:
+        return []
+    if isinstance(model_or_params, JaxEngine):  # reuse its compiled functions
+        engine = model_or_params
+    else:
+        engine = _engine_for(_as_model(model_or_params, mesh), prompts, sampling, num_slots,
+                             max_len, mesh, eos_ids, chunk_steps)
+    scheduler = Scheduler(engine)
+    ids = [scheduler.submit(p, sampling) for p in prompts]
+    order = {rid: i for i, rid in enumerate(ids)}
+    done = scheduler.run()
+    return sorted(done, key=lambda c: (order[c.request_id], c.sample_index))
+
+
+def _engine_for(model, prompts, sampling, num_slots, max_len, mesh, eos_ids, chunk_steps):
+    if max_len is None:
+        longest = max(len(p) for p in prompts) + sampling.max_tokens
+        max_len = next(b for b in default_buckets(10**9) if b >= longest)
+    total = len(prompts) * sampling.n
+    num_slots = num_slots or min(total, 64)
+    if mesh is not None:  # slots split evenly over the data-parallel replicas
+        dp = mesh.shape["dp"]
+        num_slots = -(-num_slots // dp) * dp
+    return JaxEngine(model, num_slots=num_slots, max_len=max_len, mesh=mesh,
+                     chunk_steps=chunk_steps, eos_ids=eos_ids)

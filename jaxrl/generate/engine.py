@@ -1,0 +1,437 @@
+"""The generation engine: JetStream-shaped `prefill` / `insert` / `generate` over decode slots.
+
+A decode state holds `num_slots` slots, each with its own KV-cache row (`[slots, max_len, K, D]`
+per layer, slots sharded over the generator mesh's `dp`, kv heads over `tp`), last token, sampling
+parameters, stop ids and token budget. One prompt is prefilled once into a one-row cache
+(`prefill`); each of its `n` samples is then copied into a free slot (`insert`), which draws the
+sample's first token from the prefill logits with the sample's own key. `generate_chunk` runs up
+to `chunk_steps` decode steps in one jitted `lax.while_loop`, writing every emitted token, its
+behaviour log-probability and the policy version of the weights into fixed-size buffers; the host
+reads them once per chunk (the scheduler in `jaxrl.generate.scheduler` does this).
+
+Shapes never depend on a request: prompts are padded to a bucket (powers of two up to
+`max_len`), the decode state is fixed, and `set_params` swaps weights of the same structure and
+sharding without recompiling. A paged cache can later replace `KVCache` behind `insert` and the
+model's `cached_attention` without changing this interface.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxrl.generate.sampling import sample_key, sample_tokens
+from jaxrl.models.transformer import DTYPES, KVCache, Transformer, rope_frequencies
+from jaxrl.sharding import logical_sharding, state_shardings
+
+FINISH_NONE, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
+FINISH_REASONS = {FINISH_STOP: "stop", FINISH_LENGTH: "length"}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Weights:
+    """Model parameters plus the policy version that produced them (an int32 scalar)."""
+
+    state: Any  # nnx.State
+    version: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Prefix:
+    """One prefilled prompt: its KV cache row, the logits after its last token, its length."""
+
+    cache: KVCache  # one row, bucketed length
+    logits_V: jax.Array  # f32, at position true_length - 1
+    true_length: jax.Array  # int32
+    version: jax.Array  # int32: the weights that computed this prefix
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SlotParams:
+    """Per-sample settings written into a slot by `insert` (built by `Engine.slot_params`)."""
+
+    key_data: jax.Array  # uint32 [2]: the request seed's key
+    sample_index: jax.Array  # int32
+    temperature: jax.Array  # f32
+    top_k: jax.Array  # int32
+    top_p: jax.Array  # f32
+    max_tokens: jax.Array  # int32
+    stop_ids: jax.Array  # int32 [max_stop_ids], -1 padded
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DecodeState:
+    """Everything about the slots that lives on device. `B` = num_slots."""
+
+    cache: KVCache
+    tokens_B: jax.Array  # int32: last emitted token (next decode input)
+    active_B: jax.Array  # bool: still generating
+    num_generated_B: jax.Array  # int32
+    max_tokens_B: jax.Array  # int32
+    finish_reason_B: jax.Array  # int32: FINISH_*
+    key_data_B2: jax.Array  # uint32: fold_in(key(seed), sample_index) data
+    temperature_B: jax.Array  # f32
+    top_k_B: jax.Array  # int32
+    top_p_B: jax.Array  # f32
+    stop_ids_BS: jax.Array  # int32, -1 padded
+    pending_B: jax.Array  # bool: first token inserted but not yet reported
+    pending_logprob_B: jax.Array  # f32
+    pending_version_B: jax.Array  # int32
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class StepResult:
+    """What one chunk emitted. Row 0 reports first tokens drawn by `insert`; row i > 0 is step i.
+
+    `valid_CB[i, b]` says whether slot b emitted `tokens_CB[i, b]` in row i.
+    """
+
+    tokens_CB: jax.Array
+    logprobs_CB: jax.Array
+    versions_CB: jax.Array
+    valid_CB: jax.Array
+    active_B: jax.Array
+    finish_reason_B: jax.Array
+    num_steps: jax.Array  # decode steps actually run (<= chunk_steps)
+
+
+class Engine(Protocol):
+    """jaxrl's generation engine interface (the shape of JetStream's `Engine`)."""
+
+    num_slots: int
+    max_len: int
+
+    def init_decode_state(self) -> DecodeState: ...
+
+    def prefill(self, params: Weights, tokens: Sequence[int], true_length: int) -> Prefix: ...
+
+    def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int,
+               slot_params: SlotParams) -> DecodeState: ...
+
+    def generate(self, params: Weights, decode_state: DecodeState
+                 ) -> tuple[DecodeState, StepResult]: ...
+
+    def set_params(self, params: Any, version: int) -> None: ...
+
+
+def default_buckets(max_len: int, smallest: int = 16) -> tuple[int, ...]:
+    """Powers of two from `smallest` below `max_len`, then `max_len` itself."""
+    out, b = [], smallest
+    while b < max_len:
+        out.append(b)
+        b *= 2
+    return tuple(out) + (max_len,)
+
+
+def _hidden_cached(model: Transformer, tokens_BT, cache: KVCache, num_valid_B):
+    """`Transformer.decode` without the vocabulary projection (prefill needs one position only)."""
+    lengths_B = cache.lengths_B
+    t = tokens_BT.shape[1]
+    positions_BT = lengths_B[:, None] + jnp.arange(t)[None, :]
+    inv_freq = rope_frequencies(model.cfg)
+    x_BTE = model.embed[...][tokens_BT].astype(DTYPES[model.cfg.dtype])
+    new_k, new_v = [], []
+    for layer, k_cache, v_cache in zip(model.layers, cache.k, cache.v, strict=True):
+        x_BTE, k_cache, v_cache = layer.decode(
+            x_BTE, positions_BT, k_cache, v_cache, lengths_B, lengths_B + t, inv_freq
+        )
+        new_k.append(k_cache)
+        new_v.append(v_cache)
+    new_cache = KVCache(k=new_k, v=new_v, lengths_B=(lengths_B + num_valid_B).astype(jnp.int32))
+    return model.final_norm(x_BTE), new_cache
+
+
+class JaxEngine:
+    """The `Engine` for jaxrl's `Transformer`, optionally on a generator mesh.
+
+    Args:
+      model: a `Transformer` (its parameters become version `version`).
+      num_slots: concurrent samples (decode batch size).
+      max_len: KV-cache length per slot; a request needs prompt + max_tokens <= max_len.
+      mesh: the generator mesh (`dp` x `tp`); None runs on the default device.
+      chunk_steps: decode steps per host round trip.
+      prefill_buckets: allowed padded prompt lengths (default: powers of two, then max_len).
+      eos_ids: token ids that stop every request.
+      max_stop_ids: room for per-request stop ids (EOS ids included).
+    """
+
+    def __init__(self, model: Transformer, *, num_slots: int, max_len: int,
+                 mesh: Mesh | None = None, chunk_steps: int = 16,
+                 prefill_buckets: Sequence[int] | None = None, eos_ids: Sequence[int] = (),
+                 max_stop_ids: int = 8, version: int = 0):
+        for name, value in (("num_slots", num_slots), ("max_len", max_len),
+                            ("chunk_steps", chunk_steps), ("max_stop_ids", max_stop_ids)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"JaxEngine: {name} must be an integer >= 1, got {value!r}")
+        self.cfg = model.cfg
+        self.num_slots, self.max_len, self.chunk_steps = num_slots, max_len, chunk_steps
+        self.mesh, self.max_stop_ids = mesh, max_stop_ids
+        self.eos_ids = tuple(int(t) for t in eos_ids)
+        self.check_token_ids(self.eos_ids, "eos_ids")
+        if len(self.eos_ids) > max_stop_ids:
+            raise ValueError(f"JaxEngine: {len(self.eos_ids)} eos_ids exceed max_stop_ids "
+                             f"({max_stop_ids})")
+        buckets = sorted(set(prefill_buckets or default_buckets(max_len)))
+        if buckets[0] < 1 or buckets[-1] > max_len:
+            raise ValueError(f"JaxEngine: prefill_buckets must lie in [1, max_len={max_len}], "
+                             f"got {buckets}")
+        self.prefill_buckets = tuple(buckets)
+        self.graphdef, state = nnx.split(model)
+        self._param_shardings = None
+        if mesh is not None:
+            self._param_shardings = state_shardings(state, mesh, "generator")
+            state = jax.device_put(state, self._param_shardings)
+        self.params = Weights(state=state, version=jnp.asarray(version, jnp.int32))
+        self._state_shardings = self._decode_state_shardings()
+        self.trace_counts: dict[str, int] = {"prefill": 0, "insert": 0, "generate": 0}
+        self._prefill_fn = jax.jit(self._prefill_impl)
+        insert_kw, chunk_kw = {}, {}
+        if mesh is not None:  # keep the decode state's layout fixed across calls
+            insert_kw = dict(out_shardings=self._state_shardings)
+            chunk_kw = dict(out_shardings=(self._state_shardings, None))
+        self._insert_fn = jax.jit(self._insert_impl, donate_argnums=(1,), **insert_kw)
+        self._chunk_fns = {
+            n: jax.jit(functools.partial(self._chunk_impl, num_steps=n), donate_argnums=(1,),
+                       **chunk_kw)
+            for n in (1, chunk_steps)
+        }
+
+    # ------------------------------------------------------------------ host-side helpers
+
+    def check_token_ids(self, ids: Sequence[int], what: str) -> None:
+        bad = [t for t in ids if not 0 <= int(t) < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"{what}: token ids {bad} are outside the vocabulary "
+                             f"[0, {self.cfg.vocab_size})")
+
+    def bucket_for(self, length: int) -> int:
+        for b in self.prefill_buckets:
+            if b >= length:
+                return b
+        raise ValueError(f"prompt of {length} tokens does not fit the KV cache "
+                         f"(max_len={self.max_len}, largest bucket {self.prefill_buckets[-1]})")
+
+    def check_request(self, prompt: Sequence[int], max_tokens: int,
+                      stop_token_ids: Sequence[int] = ()) -> None:
+        """Reject a request that cannot be served exactly (never truncate silently)."""
+        if len(prompt) == 0:
+            raise ValueError("empty prompt: a prompt needs at least one token")
+        self.check_token_ids(prompt, "prompt")
+        self.check_token_ids(stop_token_ids, "stop_token_ids")
+        if len(prompt) + max_tokens > self.max_len:
+            raise ValueError(
+                f"request does not fit the KV cache: prompt {len(prompt)} + max_tokens "
+                f"{max_tokens} = {len(prompt) + max_tokens} > max_len {self.max_len}"
+            )
+        stops = set(stop_token_ids) | set(self.eos_ids)
+        if len(stops) > self.max_stop_ids:
+            raise ValueError(f"{len(stops)} stop ids (EOS included) exceed max_stop_ids "
+                             f"({self.max_stop_ids}) of this engine")
+
+    def slot_params(self, *, key_data, sample_index: int, temperature: float, top_k: int,
+                    top_p: float, max_tokens: int, stop_token_ids: Sequence[int]) -> SlotParams:
+        stops = sorted(set(int(t) for t in stop_token_ids) | set(self.eos_ids))
+        stop_ids = np.full((self.max_stop_ids,), -1, np.int32)
+        stop_ids[: len(stops)] = stops
+        return SlotParams(
+            key_data=np.asarray(key_data, np.uint32), sample_index=np.int32(sample_index),
+            temperature=np.float32(temperature), top_k=np.int32(top_k), top_p=np.float32(top_p),
+            max_tokens=np.int32(max_tokens), stop_ids=stop_ids,
+        )
+
+    def _decode_state_shardings(self):
+        if self.mesh is None:
+            return None
+        abstract = jax.eval_shape(self._empty_state)
+        slot_axes = lambda x: ("cache_batch",) + (None,) * (x.ndim - 1)
+        def shard(path, x):
+            in_cache = any(getattr(p, "name", None) in ("k", "v") for p in path)
+            axes = KVCache.LOGICAL_AXES if in_cache else slot_axes(x)
+            return logical_sharding(self.mesh, "generator", axes, x.shape)
+        return jax.tree_util.tree_map_with_path(shard, abstract)
+
+    def _empty_state(self) -> DecodeState:
+        b = self.num_slots
+        zeros_i = lambda: jnp.zeros((b,), jnp.int32)
+        return DecodeState(
+            cache=KVCache.init(self.cfg, b, self.max_len), tokens_B=zeros_i(),
+            active_B=jnp.zeros((b,), bool), num_generated_B=zeros_i(), max_tokens_B=zeros_i(),
+            finish_reason_B=zeros_i(), key_data_B2=jnp.zeros((b, 2), jnp.uint32),
+            temperature_B=jnp.ones((b,), jnp.float32), top_k_B=zeros_i(),
+            top_p_B=jnp.ones((b,), jnp.float32),
+            stop_ids_BS=jnp.full((b, self.max_stop_ids), -1, jnp.int32),
+            pending_B=jnp.zeros((b,), bool), pending_logprob_B=jnp.zeros((b,), jnp.float32),
+            pending_version_B=zeros_i(),
+        )
+
+    # ------------------------------------------------------------------ Engine interface
+
+    def init_decode_state(self) -> DecodeState:
+        """Empty slots, already laid out on the generator mesh."""
+        if self.mesh is None:
+            return jax.jit(self._empty_state)()
+        return jax.jit(self._empty_state, out_shardings=self._state_shardings)()
+
+    def set_params(self, params, version: int) -> None:
+        """Swap in new weights (same structure, shapes and dtypes) without recompiling.
+
+        `params` is an `nnx.State` of the model (or the model itself). Leaves are placed on the
+        generator shardings; leaves already there are not copied.
+        """
+        if isinstance(params, nnx.Module):
+            params = nnx.state(params)
+        old = self.params.state
+        if jax.tree.structure(params) != jax.tree.structure(old):
+            raise ValueError("set_params: parameter tree differs from the engine's model; "
+                             f"expected {jax.tree.structure(old)}, got {jax.tree.structure(params)}")
+        for (path, new), o in zip(jax.tree_util.tree_leaves_with_path(params),
+                                  jax.tree.leaves(old), strict=True):
+            if new.shape != o.shape or new.dtype != o.dtype:
+                raise ValueError(
+                    f"set_params: {jax.tree_util.keystr(path)} has {new.dtype}{list(new.shape)}, "
+                    f"the engine's model has {o.dtype}{list(o.shape)}"
+                )
+        if self._param_shardings is not None:
+            params = jax.device_put(params, self._param_shardings)
+        self.params = Weights(state=params, version=jnp.asarray(version, jnp.int32))
+
+    def prefill(self, params: Weights, tokens: Sequence[int], true_length: int | None = None
+                ) -> Prefix:
+        """KV cache and next-token logits for one prompt (padded to its bucket)."""
+        true_length = len(tokens) if true_length is None else int(true_length)
+        if true_length < 1 or true_length > len(tokens):
+            raise ValueError(f"prefill: true_length {true_length} must be in [1, {len(tokens)}]")
+        bucket = self.bucket_for(true_length)
+        padded = np.zeros((1, bucket), np.int32)
+        padded[0, :true_length] = np.asarray(tokens[:true_length], np.int32)
+        return self._prefill_fn(params, padded, np.int32(true_length))
+
+    def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int,
+               slot_params: SlotParams) -> DecodeState:
+        """Put one sample of a prefilled prompt into `slot`, drawing its first token."""
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"insert: slot {slot} outside [0, {self.num_slots})")
+        return self._insert_fn(prefix, decode_state, np.int32(slot), slot_params)
+
+    def generate(self, params: Weights, decode_state: DecodeState
+                 ) -> tuple[DecodeState, StepResult]:
+        """Advance every active slot by one token."""
+        return self._chunk_fns[1](params, decode_state, np.int32(self.num_slots + 1))
+
+    def generate_chunk(self, params: Weights, decode_state: DecodeState,
+                       min_finished: int | None = None) -> tuple[DecodeState, StepResult]:
+        """Up to `chunk_steps` decode steps in one call.
+
+        Stops early when no slot is active, or once `min_finished` slots have finished during
+        this chunk (the scheduler sets it when requests wait for a free slot).
+        """
+        target = self.num_slots + 1 if min_finished is None else int(min_finished)
+        return self._chunk_fns[self.chunk_steps](params, decode_state, np.int32(target))
+
+    # ------------------------------------------------------------------ jitted bodies
+
+    def _prefill_impl(self, params: Weights, tokens_1P, true_length):
+        self.trace_counts["prefill"] += 1
+        model = nnx.merge(self.graphdef, params.state)
+        cache = KVCache.init(self.cfg, 1, tokens_1P.shape[1])
+        hidden_1PE, cache = _hidden_cached(model, tokens_1P, cache, true_length[None])
+        last_11E = jax.lax.dynamic_slice_in_dim(hidden_1PE, true_length - 1, 1, axis=1)
+        logits_V = model.logits(last_11E)[0, 0]
+        return Prefix(cache=cache, logits_V=logits_V, true_length=true_length,
+                      version=params.version)
+
+    def _insert_impl(self, prefix: Prefix, state: DecodeState, slot, sp: SlotParams):
+        self.trace_counts["insert"] += 1
+        key = sample_key(sp.key_data, sp.sample_index, 0)
+        token, logprob = sample_tokens(prefix.logits_V[None], key[None], sp.temperature[None],
+                                       sp.top_k[None], sp.top_p[None])
+        token, logprob = token[0], logprob[0]
+        stopped = jnp.any(token == sp.stop_ids)
+        finish = jnp.where(stopped, FINISH_STOP,
+                           jnp.where(sp.max_tokens <= 1, FINISH_LENGTH, FINISH_NONE))
+        write = lambda c, p: jax.lax.dynamic_update_slice(c, p.astype(c.dtype), (slot, 0, 0, 0))
+        cache = KVCache(k=[write(c, p) for c, p in zip(state.cache.k, prefix.cache.k, strict=True)],
+                        v=[write(c, p) for c, p in zip(state.cache.v, prefix.cache.v, strict=True)],
+                        lengths_B=state.cache.lengths_B.at[slot].set(prefix.true_length))
+        base = jax.random.key_data(jax.random.fold_in(
+            jax.random.wrap_key_data(sp.key_data, impl="threefry2x32"), sp.sample_index))
+        return dataclasses.replace(
+            state, cache=cache, tokens_B=state.tokens_B.at[slot].set(token),
+            active_B=state.active_B.at[slot].set(finish == FINISH_NONE),
+            num_generated_B=state.num_generated_B.at[slot].set(1),
+            max_tokens_B=state.max_tokens_B.at[slot].set(sp.max_tokens),
+            finish_reason_B=state.finish_reason_B.at[slot].set(finish),
+            key_data_B2=state.key_data_B2.at[slot].set(base),
+            temperature_B=state.temperature_B.at[slot].set(sp.temperature),
+            top_k_B=state.top_k_B.at[slot].set(sp.top_k),
+            top_p_B=state.top_p_B.at[slot].set(sp.top_p),
+            stop_ids_BS=state.stop_ids_BS.at[slot].set(sp.stop_ids),
+            pending_B=state.pending_B.at[slot].set(True),
+            pending_logprob_B=state.pending_logprob_B.at[slot].set(logprob),
+            pending_version_B=state.pending_version_B.at[slot].set(prefix.version),
+        )
+
+    def _step(self, model: Transformer, st: DecodeState):
+        """One decode step for all slots; inactive slots compute but change nothing."""
+        act_B = st.active_B
+        logits_B1V, cache = model.decode(st.tokens_B[:, None], st.cache,
+                                         num_valid_B=act_B.astype(jnp.int32))
+        keys_B = jax.vmap(lambda d, t: jax.random.fold_in(
+            jax.random.wrap_key_data(d, impl="threefry2x32"), t))(st.key_data_B2,
+                                                                  st.num_generated_B)
+        tok_B, logp_B = sample_tokens(logits_B1V[:, 0], keys_B, st.temperature_B, st.top_k_B,
+                                      st.top_p_B)
+        tok_B = jnp.where(act_B, tok_B, st.tokens_B)
+        num_B = st.num_generated_B + act_B.astype(jnp.int32)
+        stop_B = act_B & jnp.any(tok_B[:, None] == st.stop_ids_BS, axis=-1)
+        length_B = act_B & ~stop_B & (num_B >= st.max_tokens_B)
+        finish_B = jnp.where(stop_B, FINISH_STOP,
+                             jnp.where(length_B, FINISH_LENGTH, st.finish_reason_B))
+        st = dataclasses.replace(st, cache=cache, tokens_B=tok_B, num_generated_B=num_B,
+                                 active_B=act_B & ~stop_B & ~length_B, finish_reason_B=finish_B)
+        return st, tok_B, logp_B, act_B
+
+    def _chunk_impl(self, params: Weights, state: DecodeState, min_finished, *, num_steps: int):
+        self.trace_counts["generate"] += 1
+        model = nnx.merge(self.graphdef, params.state)
+        rows, b = num_steps + 1, self.num_slots
+        tokens = jnp.zeros((rows, b), jnp.int32).at[0].set(state.tokens_B)
+        logprobs = jnp.zeros((rows, b), jnp.float32).at[0].set(state.pending_logprob_B)
+        versions = jnp.full((rows, b), params.version, jnp.int32).at[0].set(
+            state.pending_version_B)
+        valid = jnp.zeros((rows, b), bool).at[0].set(state.pending_B)
+        state = dataclasses.replace(state, pending_B=jnp.zeros_like(state.pending_B))
+        started_B = state.active_B
+
+        def cond(carry):
+            i, st, _ = carry
+            finished = jnp.sum(started_B & ~st.active_B)
+            return (i < num_steps) & jnp.any(st.active_B) & (finished < min_finished)
+
+        def body(carry):
+            i, st, (tokens, logprobs, valid) = carry
+            st, tok_B, logp_B, emitted_B = self._step(model, st)
+            tokens = jax.lax.dynamic_update_index_in_dim(tokens, tok_B, i + 1, 0)
+            logprobs = jax.lax.dynamic_update_index_in_dim(logprobs, logp_B, i + 1, 0)
+            valid = jax.lax.dynamic_update_index_in_dim(valid, emitted_B, i + 1, 0)
+            return i + 1, st, (tokens, logprobs, valid)
+
+        steps, state, (tokens, logprobs, valid) = jax.lax.while_loop(
+            cond, body, (jnp.int32(0), state, (tokens, logprobs, valid)))
+        result = StepResult(tokens_CB=tokens, logprobs_CB=logprobs, versions_CB=versions,
+                            valid_CB=valid, active_B=state.active_B,
+                            finish_reason_B=state.finish_reason_B, num_steps=steps)
+        return state, result

@@ -1,0 +1,143 @@
+"""Sampling parameters and the per-slot sampler (temperature, top-k, top-p, greedy).
+
+Every slot of a decode batch carries its own parameters, so one jitted step serves requests with
+different settings. The transformed distribution follows `transformers`' logits processors in
+their order: temperature, then top-k, then top-p (nucleus). The log-probability returned for a
+sampled token is its log-probability under that transformed distribution — the behaviour
+log-probability used for off-policy correction. Greedy rows (temperature 0) return the
+log-probability under the untransformed model distribution (a point mass would always give 0).
+
+Randomness: a sample's token `t` uses `fold_in(fold_in(key(seed), sample_index), t)`, so results
+depend neither on the slot a request lands in nor on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_KEY_IMPL = "threefry2x32"
+_NEG_INF = -jnp.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample completions for one prompt.
+
+    `temperature=0` is greedy; `top_k=0` and `top_p=1` disable those filters. `n` samples share the
+    prompt's prefill. `stop_token_ids` end a sample (the stop token is kept in the completion, with
+    its log-probability); the engine's EOS ids always stop as well.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    n: int = 1
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"SamplingParams.n must be an integer >= 1, got {self.n!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(
+                f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}"
+            )
+        if not self.temperature >= 0:
+            raise ValueError(
+                f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature!r}"
+            )
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(
+                f"SamplingParams.top_k must be an integer >= 0 (0 = off), got {self.top_k!r}"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise ValueError(f"SamplingParams.seed must be an integer in [0, 2**64), got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def seed_key_data(seed: int) -> np.ndarray:
+    """Raw threefry key data for `seed` (equal to `jax.random.key(seed)` for 32-bit seeds)."""
+    return np.array([(seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF], dtype=np.uint32)
+
+
+def sample_key(key_data_2, sample_index, token_index):
+    """The key for token `token_index` of sample `sample_index` of a request."""
+    key = jax.random.wrap_key_data(key_data_2, impl=_KEY_IMPL)
+    return jax.random.fold_in(jax.random.fold_in(key, sample_index), token_index)
+
+
+def transform_logits(logits_BV, temperature_B, top_k_B, top_p_B):
+    """Logits of the distribution actually sampled from; filtered-out entries are -inf.
+
+    Greedy rows (temperature <= 0) are returned unscaled and unfiltered. Top-k keeps every entry
+    >= the k-th largest value (ties kept, as `transformers` does); top-p then keeps the smallest
+    prefix, by descending probability, whose mass reaches `top_p`.
+    """
+    v = logits_BV.shape[-1]
+    sampling_B = temperature_B > 0
+    scale_B = jnp.where(sampling_B, temperature_B, 1.0)
+    x_BV = logits_BV.astype(jnp.float32) / scale_B[:, None]
+    filter_B = sampling_B & ((top_k_B > 0) | (top_p_B < 1.0))
+
+    def filtered(x_BV):
+        desc_BV = -jnp.sort(-x_BV, axis=-1)
+        k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, v), v)
+        kth_B1 = jnp.take_along_axis(desc_BV, (k_B - 1)[:, None], axis=-1)
+        desc_BV = jnp.where(desc_BV >= kth_B1, desc_BV, _NEG_INF)
+        probs_BV = jax.nn.softmax(desc_BV, axis=-1)
+        before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV  # mass strictly ahead of each entry
+        keep_BV = (before_BV < top_p_B[:, None]) | (top_p_B[:, None] >= 1.0)
+        keep_BV = keep_BV & (desc_BV > _NEG_INF)
+        num_keep_B = jnp.maximum(jnp.sum(keep_BV, axis=-1), 1)
+        threshold_B1 = jnp.take_along_axis(desc_BV, (num_keep_B - 1)[:, None], axis=-1)
+        out_BV = jnp.where(x_BV >= threshold_B1, x_BV, _NEG_INF)
+        return jnp.where(filter_B[:, None], out_BV, x_BV)
+
+    # The sort is the costly part; skip it when no row asks for a filter.
+    return jax.lax.cond(jnp.any(filter_B), filtered, lambda x: x, x_BV)
+
+
+def _inverse_cdf(probs_BV, u_B):
+    """Index of the first entry whose cumulative probability exceeds `u * total`, per row."""
+    cdf_BV = jnp.cumsum(probs_BV, axis=-1)
+    threshold_B1 = u_B[:, None] * cdf_BV[:, -1:]
+    idx_B = jnp.sum(cdf_BV <= threshold_B1, axis=-1)
+    # Rounding can push the threshold to the total: fall back to the last entry with mass.
+    v = probs_BV.shape[-1]
+    last_B = v - 1 - jnp.argmax(probs_BV[:, ::-1] > 0, axis=-1)
+    return jnp.minimum(idx_B, last_B).astype(jnp.int32)
+
+
+def sample_tokens(logits_BV, keys_B, temperature_B, top_k_B, top_p_B):
+    """Sample one token per row; returns `(tokens_B int32, logprobs_B f32)`.
+
+    `keys_B` is a batch of typed PRNG keys (one per row). Sampling is by inverse CDF with one
+    uniform number per row, so a row's token depends only on its own logits and key.
+    """
+    x_BV = transform_logits(logits_BV, temperature_B, top_k_B, top_p_B)
+    logp_BV = jax.nn.log_softmax(x_BV, axis=-1)
+    u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_B)
+    sampled_B = _inverse_cdf(jnp.exp(logp_BV), u_B)
+    greedy_B = temperature_B <= 0
+    tokens_B = jnp.where(greedy_B, jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), sampled_B)
+    logprobs_B = jnp.take_along_axis(logp_BV, tokens_B[:, None], axis=-1)[:, 0]
+    return tokens_B, logprobs_B
+
+
+def stop_id_array(stop_ids: Sequence[int], width: int) -> np.ndarray:
+    """Stop ids padded with -1 to a fixed width."""
+    out = np.full((width,), -1, np.int32)
+    out[: len(stop_ids)] = np.asarray(list(stop_ids), np.int32)
+    return out

@@ -1,0 +1,219 @@
+"""Continuous batching over a `JaxEngine`: a request queue, slot refills between decode chunks.
+
+Each submitted request is a group of `n` samples of one prompt. The prompt is prefilled once when
+its first sample gets a slot; every sample is inserted from that prefix (with its own key). After
+each chunk the host reads the chunk's outputs once, appends them to the running samples, releases
+slots whose sample finished (EOS / stop id / max_tokens) and refills them from the queue.
+
+While requests wait, a chunk ends as soon as `refill_threshold` slots have finished, so a long
+sample does not hold the other slots idle until the chunk's end.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import time
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from jaxrl.generate.engine import FINISH_REASONS, JaxEngine, Prefix
+from jaxrl.generate.sampling import SamplingParams, seed_key_data
+
+
+@dataclasses.dataclass
+class Completion:
+    """One finished sample. `logprobs[i]` is the behaviour log-probability of `tokens[i]` and
+    `versions[i]` the policy version of the weights that sampled it."""
+
+    request_id: int
+    sample_index: int
+    prompt: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str  # "stop" (EOS or a stop id, kept as the last token) | "length"
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclasses.dataclass
+class GenerateStats:
+    """Counters since the scheduler was created (or `reset_stats`)."""
+
+    chunks: int = 0
+    decode_steps: int = 0
+    active_slot_steps: int = 0  # slot-steps that emitted a token
+    slot_steps: int = 0  # decode steps x slots
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    prefills: int = 0
+    completions: int = 0
+    busy_s: float = 0.0  # wall time inside step()
+
+    @property
+    def slot_utilisation(self) -> float:
+        return self.active_slot_steps / self.slot_steps if self.slot_steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.busy_s if self.busy_s else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        return {"gen/tokens_per_s": self.tokens_per_s,
+                "gen/slot_utilisation": self.slot_utilisation,
+                "gen/generated_tokens": float(self.generated_tokens),
+                "gen/prefills": float(self.prefills)}
+
+
+@dataclasses.dataclass
+class _Group:
+    request_id: int
+    prompt: list[int]
+    sampling: SamplingParams
+    key_data: np.ndarray
+    prefix: Prefix | None = None
+    next_sample: int = 0
+
+
+@dataclasses.dataclass
+class _Running:
+    group: _Group
+    sample_index: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+
+
+class Scheduler:
+    """Continuous batching: `submit` requests, call `step()` (one chunk) or `run()` (until idle).
+
+    `set_params(params, version)` swaps weights between chunks; tokens sampled afterwards carry the
+    new version (in-flight updates), samples already running keep their cache.
+    """
+
+    def __init__(self, engine: JaxEngine, *, refill_threshold: int = 1):
+        if refill_threshold < 1:
+            raise ValueError(f"refill_threshold must be >= 1, got {refill_threshold!r}")
+        self.engine = engine
+        self.refill_threshold = refill_threshold
+        self.state = engine.init_decode_state()
+        self.stats = GenerateStats()
+        self._queue: collections.deque[_Group] = collections.deque()
+        self._slots: list[_Running | None] = [None] * engine.num_slots
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------ queue
+
+    def submit(self, prompt: Sequence[int], sampling: SamplingParams,
+               request_id: int | None = None) -> int:
+        """Queue `sampling.n` samples of `prompt`; returns the request id. Rejects (ValueError)
+        a request the engine cannot serve exactly: empty prompt, unknown token or stop ids,
+        prompt + max_tokens beyond the KV cache."""
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        prompt = [int(t) for t in prompt]
+        self.engine.check_request(prompt, sampling.max_tokens, sampling.stop_token_ids)
+        rid = next(self._ids) if request_id is None else int(request_id)
+        self._queue.append(_Group(rid, prompt, sampling, seed_key_data(sampling.seed)))
+        return rid
+
+    @property
+    def num_waiting(self) -> int:
+        """Samples not yet in a slot."""
+        return sum(g.sampling.n - g.next_sample for g in self._queue)
+
+    @property
+    def num_running(self) -> int:
+        return sum(s is not None for s in self._slots)
+
+    def has_work(self) -> bool:
+        return bool(self._queue) or self.num_running > 0
+
+    def set_params(self, params, version: int) -> None:
+        self.engine.set_params(params, version)
+
+    def reset_stats(self) -> None:
+        self.stats = GenerateStats()
+
+    # ------------------------------------------------------------------ chunks
+
+    def _refill(self) -> None:
+        engine = self.engine
+        for slot in range(engine.num_slots):
+            if self._slots[slot] is not None:
+                continue
+            if not self._queue:
+                return
+            group = self._queue[0]
+            if group.prefix is None:
+                group.prefix = engine.prefill(engine.params, group.prompt)
+                self.stats.prefills += 1
+                self.stats.prompt_tokens += len(group.prompt)
+            sp = group.sampling
+            params = engine.slot_params(
+                key_data=group.key_data, sample_index=group.next_sample,
+                temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
+                max_tokens=sp.max_tokens, stop_token_ids=sp.stop_token_ids)
+            self.state = engine.insert(group.prefix, self.state, slot, params)
+            self._slots[slot] = _Running(group, group.next_sample)
+            group.next_sample += 1
+            if group.next_sample == sp.n:
+                group.prefix = None  # free the prefix's device memory
+                self._queue.popleft()
+
+    def step(self) -> list[Completion]:
+        """Refill free slots, run one decode chunk, return the samples that finished in it."""
+        start = time.perf_counter()
+        self._refill()
+        if self.num_running == 0:
+            return []
+        waiting = bool(self._queue)
+        min_finished = self.refill_threshold if waiting else None
+        self.state, result = self.engine.generate_chunk(self.engine.params, self.state,
+                                                        min_finished)
+        out = self._harvest(jax.device_get(result))
+        self.stats.busy_s += time.perf_counter() - start
+        return out
+
+    def _harvest(self, r) -> list[Completion]:
+        steps = int(r.num_steps)
+        self.stats.chunks += 1
+        self.stats.decode_steps += steps
+        self.stats.slot_steps += steps * self.engine.num_slots
+        self.stats.active_slot_steps += int(r.valid_CB[1:].sum())
+        done = []
+        for slot, run in enumerate(self._slots):
+            if run is None:
+                continue
+            rows = np.nonzero(r.valid_CB[:, slot])[0]
+            run.tokens.extend(r.tokens_CB[rows, slot].tolist())
+            run.logprobs.extend(r.logprobs_CB[rows, slot].tolist())
+            run.versions.extend(r.versions_CB[rows, slot].tolist())
+            self.stats.generated_tokens += len(rows)
+            if not r.active_B[slot]:
+                g = run.group
+                reason = FINISH_REASONS.get(int(r.finish_reason_B[slot]))
+                if reason is None:
+                    raise RuntimeError(f"internal: slot {slot} inactive with no finish reason")
+                done.append(Completion(g.request_id, run.sample_index, g.prompt, run.tokens,
+                                       run.logprobs, run.versions, reason))
+                self._slots[slot] = None
+        self.stats.completions += len(done)
+        return done
+
+    def run(self) -> list[Completion]:
+        """Step until the queue is empty and every slot is free; completions in finish order."""
+        out = []
+        while self.has_work():
+            out.extend(self.step())
+        return out
