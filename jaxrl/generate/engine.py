@@ -295,8 +295,11 @@ class JaxEngine:
             params = nnx.state(params)
         old = self.params.state
         if jax.tree.structure(params) != jax.tree.structure(old):
+            paths = lambda t: {jax.tree_util.keystr(p) for p, _ in
+                               jax.tree_util.tree_leaves_with_path(t)}
+            missing, extra = paths(old) - paths(params), paths(params) - paths(old)
             raise ValueError("set_params: parameter tree differs from the engine's model; "
-                             f"expected {jax.tree.structure(old)}, got {jax.tree.structure(params)}")
+                             f"missing {sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}")
         for (path, new), o in zip(jax.tree_util.tree_leaves_with_path(params),
                                   jax.tree.leaves(old), strict=True):
             if new.shape != o.shape or new.dtype != o.dtype:
@@ -363,8 +366,9 @@ class JaxEngine:
         finish = jnp.where(stopped, FINISH_STOP,
                            jnp.where(sp.max_tokens <= 1, FINISH_LENGTH, FINISH_NONE))
         write = lambda c, p: jax.lax.dynamic_update_slice(c, p.astype(c.dtype), (slot, 0, 0, 0))
-        cache = KVCache(k=[write(c, p) for c, p in zip(state.cache.k, prefix.cache.k, strict=True)],
-                        v=[write(c, p) for c, p in zip(state.cache.v, prefix.cache.v, strict=True)],
+        zip_ = lambda a, b: zip(a, b, strict=True)
+        cache = KVCache(k=[write(c, p) for c, p in zip_(state.cache.k, prefix.cache.k)],
+                        v=[write(c, p) for c, p in zip_(state.cache.v, prefix.cache.v)],
                         lengths_B=state.cache.lengths_B.at[slot].set(prefix.true_length))
         base = jax.random.key_data(jax.random.fold_in(
             jax.random.wrap_key_data(sp.key_data, impl="threefry2x32"), sp.sample_index))

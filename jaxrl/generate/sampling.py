@@ -58,9 +58,13 @@ class SamplingParams:
                 f"SamplingParams.top_k must be an integer >= 0 (0 = off), got {self.top_k!r}"
             )
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+            raise ValueError(
+                f"SamplingParams.top_p must be in (0, 1] (1 = off), got {self.top_p!r}"
+            )
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
-            raise ValueError(f"SamplingParams.seed must be an integer in [0, 2**64), got {self.seed!r}")
+            raise ValueError(
+                f"SamplingParams.seed must be an integer in [0, 2**64), got {self.seed!r}"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -1,4 +1,4 @@
-"""Generation against `transformers` greedy decoding and against teacher-forced log-probabilities."""
+"""Generation vs `transformers` greedy decoding and vs teacher-forced log-probabilities."""
 
 import jax
 import jax.numpy as jnp

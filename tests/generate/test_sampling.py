@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 
 from jaxrl.generate.sampling import (
-    SamplingParams, sample_key, sample_tokens, seed_key_data, transform_logits,
+    SamplingParams,
+    sample_key,
+    sample_tokens,
+    seed_key_data,
+    transform_logits,
 )
 
 
@@ -25,7 +29,8 @@ def _hf_transform(logits, temperature, top_k, top_p):
     return x[0].numpy()
 
 
-ROWS = [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.5, 10, 0.6), (0.0, 3, 0.5), (1.0, 200, 0.95)]
+ROWS = [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.5, 10, 0.6), (0.0, 3, 0.5),
+        (1.0, 200, 0.95)]
 
 
 def test_transform_matches_transformers_processors():
