@@ -14,6 +14,7 @@ class SandboxJob:
     """One untrusted Python program to run in a sandbox slot.
 
     `files` maps relative paths (inside the job's private working directory) to contents.
+    `memory_mb` caps the address space (RLIMIT_AS); `timeout_s` is wall-clock (sleeping counts).
     """
 
     code: str
@@ -21,6 +22,7 @@ class SandboxJob:
     timeout_s: float = 5.0
     memory_mb: int = 512
     files: dict[str, str | bytes] = dataclasses.field(default_factory=dict)
+    max_output_bytes: int = 1 << 20  # per stream; more ends the job with status "output_limit"
 
 
 @dataclasses.dataclass(frozen=True)
