@@ -1,16 +1,22 @@
 """Closing the loop: a run's measured rates in, the recommended split for that hardware out.
 
-The controller writes `<run_dir>/metrics.jsonl`, one JSON object per step, with (names from
-DESIGN.md) `pipeline/rollouts_per_s_produced`, `pipeline/rollouts_per_s_consumed`,
-`pipeline/trainer_idle_frac`, `pipeline/generator_idle_frac`, `pipeline/weight_sync_s`,
-`train/mfu`, `sandbox/exec_s_p50`, `sandbox/queue_wait_s_p50`, and — so the planner knows the
-split it measured — `pipeline/trainer_chips`, `pipeline/generator_chips`, `pipeline/batch_size`
-and `pipeline/mode`. Only the first two and the chip counts are required.
+The controller (jaxrl/controller/pipeline.py) writes `<run_dir>/metrics.jsonl`, one JSON object
+per step. The planner reads (names from DESIGN.md):
 
-Model: each side's *capacity* (samples/s while busy) is its measured rate / (1 - its idle
-fraction), where idle includes weight-sync pauses; capacities scale linearly with chips
-(per-chip rates held fixed), and `analytic.pipeline_rates` combines them per mode with the
-measured weight-sync time. Without a batch size only the run's own mode is compared.
+- `pipeline/rollouts_per_s_consumed`: rollouts per second of *trainer busy time* (the train
+  step plus the weight publish it blocks on) - what the trainer could consume if never starved;
+- `pipeline/rollouts_per_s_produced`: rollouts per second of *generator busy time*;
+- `pipeline/trainer_idle_frac`, `pipeline/weight_sync_s`, `train/mfu` (over the train step),
+  `sandbox/exec_s_p50`: reported and compared with the prediction;
+- the batch: `pipeline/batch_size`, else `pipeline/trainer_busy_s` * consumed/s;
+- the split measured: `pipeline/trainer_chips` and `pipeline/generator_chips` (not yet written
+  by the controller: pass them as arguments, or `--split T:G` on the command line);
+- `pipeline/mode` (else "async").
+
+Only the two rates and the chip counts are required. Model: both rates are capacities that
+scale linearly with chips (per-chip rates held fixed); `analytic.pipeline_rates` combines them
+per mode. The weight publish is inside the trainer's rate already, so no sync term is added.
+Without a batch size only the run's own mode is compared.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from jaxrl.planner.recommend import Recommendation, recommend
 PRODUCED = "pipeline/rollouts_per_s_produced"
 CONSUMED = "pipeline/rollouts_per_s_consumed"
 TRAINER_IDLE = "pipeline/trainer_idle_frac"
-GENERATOR_IDLE = "pipeline/generator_idle_frac"
+TRAINER_BUSY = "pipeline/trainer_busy_s"
 SYNC = "pipeline/weight_sync_s"
 MFU = "train/mfu"
 SANDBOX_EXEC = "sandbox/exec_s_p50"
@@ -41,17 +47,16 @@ MODE = "pipeline/mode"
 
 @dataclasses.dataclass(frozen=True)
 class MeasuredRates:
-    """Measured (or published) rates of one run at one split."""
+    """Measured (or published) capacities of one run at one split, samples/s while busy."""
 
     trainer_chips: int
     generator_chips: int
-    produced_per_s: float
-    consumed_per_s: float
-    trainer_idle_frac: float | None = None
-    generator_idle_frac: float | None = None
-    weight_sync_s: float = 0.0
+    trainer_rate: float
+    generator_rate: float
+    trainer_idle_frac: float | None = None  # measured, for comparison
+    weight_sync_s: float | None = None      # measured, for reporting (inside trainer_rate)
     batch_size: int | None = None
-    train_mfu: float | None = None
+    train_mfu: float | None = None          # over the train step (busy time)
     sandbox_exec_s: float | None = None
     mode: str = "async"
 
@@ -60,35 +65,18 @@ class MeasuredRates:
         if self.trainer_chips < 1 or self.generator_chips < 1:
             raise ValueError(f"chip counts must be >= 1, got trainer={self.trainer_chips} "
                              f"generator={self.generator_chips}")
-        if not (self.produced_per_s > 0 and self.consumed_per_s > 0):
-            raise ValueError(f"rates must be > 0, got produced={self.produced_per_s} "
-                             f"consumed={self.consumed_per_s}")
-        for name in ("trainer_idle_frac", "generator_idle_frac"):
-            v = getattr(self, name)
-            if v is not None and not 0 <= v < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {v}")
-
-    @property
-    def trainer_capacity(self) -> float:
-        return self.consumed_per_s / (1 - (self.trainer_idle_frac or 0.0))
-
-    @property
-    def generator_capacity(self) -> float:
-        return self.produced_per_s / (1 - (self.generator_idle_frac or 0.0))
-
-    @property
-    def busy_mfu(self) -> float | None:
-        if self.train_mfu is None:
-            return None
-        return self.train_mfu / (1 - (self.trainer_idle_frac or 0.0))
+        if not (self.trainer_rate > 0 and self.generator_rate > 0):
+            raise ValueError(f"rates must be > 0, got trainer={self.trainer_rate} "
+                             f"generator={self.generator_rate}")
+        if self.trainer_idle_frac is not None and not 0 <= self.trainer_idle_frac < 1:
+            raise ValueError(f"trainer_idle_frac must be in [0, 1), got "
+                             f"{self.trainer_idle_frac}")
 
     def evaluate(self, trainer_chips: int, generator_chips: int) -> dict[str, ModeRates]:
-        t = self.trainer_capacity * trainer_chips / self.trainer_chips
-        g = self.generator_capacity * generator_chips / self.generator_chips
-        if self.batch_size is None:  # rates only: the overlap limit min(t, g), no sync term
-            return {m: pipeline_rates(m, 1, t, g) for m in MODES}
-        return {m: pipeline_rates(m, self.batch_size, t, g, sync_s=self.weight_sync_s)
-                for m in MODES}
+        t = self.trainer_rate * trainer_chips / self.trainer_chips
+        g = self.generator_rate * generator_chips / self.generator_chips
+        batch = self.batch_size or 1  # rates only: the overlapped limit min(t, g)
+        return {m: pipeline_rates(m, batch, t, g) for m in MODES}
 
 
 def _number(rates: Mapping[str, Any], key: str) -> float | None:
@@ -116,12 +104,13 @@ def measured_rates(rates: Mapping[str, Any], *, trainer_chips: int | None = None
         raise ValueError(f"measured rates lack {missing} (pass chip counts as arguments if the "
                          f"run did not record them); got keys {sorted(rates)}")
     batch = batch_size or _number(rates, BATCH)
+    busy = _number(rates, TRAINER_BUSY)
+    if not batch and busy:
+        batch = round(consumed * busy)
     return MeasuredRates(
         trainer_chips=int(trainer_chips), generator_chips=int(generator_chips),
-        produced_per_s=produced, consumed_per_s=consumed,
-        trainer_idle_frac=_number(rates, TRAINER_IDLE),
-        generator_idle_frac=_number(rates, GENERATOR_IDLE),
-        weight_sync_s=_number(rates, SYNC) or 0.0,
+        trainer_rate=consumed, generator_rate=produced,
+        trainer_idle_frac=_number(rates, TRAINER_IDLE), weight_sync_s=_number(rates, SYNC),
         batch_size=int(batch) if batch else None, train_mfu=_number(rates, MFU),
         sandbox_exec_s=_number(rates, SANDBOX_EXEC),
         mode=mode or str(rates.get(MODE) or "async"))
@@ -139,19 +128,26 @@ def from_measured(rates: Mapping[str, Any] | MeasuredRates, *, total_chips: int 
     total = total_chips or m.trainer_chips + m.generator_chips
     if modes is None:
         modes = MODES if m.batch_size is not None else (m.mode,)
-    busy = m.busy_mfu
+    mfu = m.train_mfu
     rec = recommend(total, m.evaluate, granularity=granularity, modes=modes,
                     baseline=(m.trainer_chips, m.generator_chips, m.mode),
-                    mfu_of=(lambda t, g, r: busy * (1 - r.trainer_idle)) if busy else None)
-    notes = [f"measured: trainer capacity {m.trainer_capacity:.4g} samples/s on "
-             f"{m.trainer_chips} chips, generator capacity {m.generator_capacity:.4g} samples/s "
-             f"on {m.generator_chips} chips, mode {m.mode}"]
+                    mfu_of=(lambda t, g, r: mfu * (1 - r.trainer_idle)) if mfu else None)
+    base = rec.baseline
+    notes = [f"measured: trainer {m.trainer_rate:.4g} samples/s on {m.trainer_chips} chips, "
+             f"generator {m.generator_rate:.4g} samples/s on {m.generator_chips} chips (rates "
+             f"while busy), mode {m.mode}"]
+    if m.trainer_idle_frac is not None and base is not None:
+        notes.append(f"trainer idle: measured {m.trainer_idle_frac:.1%}, predicted "
+                     f"{base.rates.trainer_idle:.1%} at the measured split")
+    if m.weight_sync_s is not None:
+        notes.append(f"weight sync: {m.weight_sync_s:.3g} s per step (inside the trainer rate)")
     if m.sandbox_exec_s:
         cores = rec.best.rates.consumed_per_s * m.sandbox_exec_s / sandbox_utilization
         notes.append(f"sandbox: {math.ceil(cores)} CPU cores keep up with the recommended split "
                      f"({m.sandbox_exec_s:.3g} s per sample at {sandbox_utilization:.0%} busy)")
     if m.batch_size is None:
-        notes.append(f"no {BATCH} recorded: only mode {m.mode!r} compared")
+        notes.append(f"no {BATCH} (or pipeline/trainer_busy_s) recorded: only mode {m.mode!r} "
+                     f"compared")
     return dataclasses.replace(rec, notes=tuple(notes))
 
 

@@ -75,11 +75,10 @@ def reproduce(case: PublishedCase, hw: HardwareSpec | None = None) -> Reproducti
     hw = hw or get_hardware("h200")
     model = get_model(case.model)
     rates = MeasuredRates(case.trainer_chips, case.generator_chips,
-                          produced_per_s=GENERATOR_RATE, consumed_per_s=GENERATOR_RATE,
-                          trainer_idle_frac=1 - GENERATOR_RATE / TRAINER_CAPACITY, mode="async")
+                          trainer_rate=TRAINER_CAPACITY, generator_rate=GENERATOR_RATE,
+                          mode="async")
     # The planner's own path: capacities -> overlapped pipeline -> idle fraction.
-    idle = pipeline_rates("async", 1, rates.trainer_capacity, rates.generator_capacity
-                          ).trainer_idle
+    idle = pipeline_rates("async", 1, rates.trainer_rate, rates.generator_rate).trainer_idle
     exact = implied_sample_tokens(model.active_params, case.trainer_chips, hw)
     tokens = int(round(exact / ROUND_TOKENS) * ROUND_TOKENS)
     # A fixed-length workload of `tokens` tokens, counted as 6 N_active T (no extra passes).

@@ -55,11 +55,12 @@ def test_published_and_list():
 def test_from_run(tmp_path):
     run = tmp_path / "runs" / "x"
     run.mkdir(parents=True)
-    row = {"pipeline/rollouts_per_s_produced": 1.0, "pipeline/rollouts_per_s_consumed": 1.0,
-           "pipeline/trainer_idle_frac": 0.5, "pipeline/trainer_chips": 4,
-           "pipeline/generator_chips": 4}
+    row = {"pipeline/rollouts_per_s_produced": 1.0, "pipeline/rollouts_per_s_consumed": 2.0,
+           "pipeline/trainer_idle_frac": 0.5}
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(row) for _ in range(5)) + "\n")
     r = plan("--from-run", str(run))
+    assert r.returncode == 2 and "pipeline/trainer_chips" in r.stderr
+    r = plan("--from-run", str(run), "--split", "4:4")
     assert r.returncode == 0, r.stderr
     assert "recommended: 3:5" in r.stdout  # trainer twice as fast per chip -> more generators
     r = plan("--from-run", str(tmp_path / "missing"))
