@@ -18,19 +18,22 @@ Weight sync: N_total * B_w bytes broadcast (pipelined) from the trainer shards t
 replica: t = bytes / (min(C_t, p) * link_bw * eff_sync) + latency, link = NVLink/ICI inside one
 node, the per-chip NIC across nodes.
 
-Pipeline (batch B, zero-variance fraction z, generator work W = B / (1 - z) / gen_rate,
-training time X = B / trainer_rate, sync S, sandbox latency Q, barrier time G_b = the time
-for B / (1 - z) samples started together to finish (`batch_s`: per replica m samples, decode
-steps summed over positions x with m * P(R > x) sequences still active, up to the expected
-longest response; the long tail), and for inflight W at the rate Little's law allows with
-k + 1/2 batches in generation, each sample resident until its group's longest member is done):
+Pipeline. The trainer publishes the new weights after each step (weight sync, blocking the
+trainer, as jaxrl's controller does); the generator may start batch b once version b - a is
+published (a = ahead: sync 0, periodic 1, async k) and generates batches one after another.
+With batch B, zero-variance fraction z, training time X = B / trainer_rate, sync S, sandbox
+latency Q and barrier time G_b = the time for B / (1 - z) samples started together to finish
+(`batch_s`: per replica m samples, decode steps summed over positions x with m * P(R > x)
+sequences still active, up to the expected longest response: the long tail), one cycle
+generate -> score -> train -> publish of length G_b + Q + X + S unlocks a + 1 batches, so
 
-    sync      step = G_b + Q + S + X
-    periodic  step = max(G_b + Q, X) + S                (staleness <= 1)
-    async k   step = max(G_b + S, X) for k >= 1 (= sync for k = 0; staleness <= k)
-    inflight  step = max(W + S, X)                      (no batch barrier; per-token versions)
+    sync / periodic / async   step = max(G_b, X + S, (G_b + Q + X + S) / (a + 1))
+    inflight                  step = max(W, X + S)
 
-consumed samples/s = B / step, trainer idle = 1 - X / step, MFU = MFU_train * (1 - idle).
+(sync: G_b + Q + X + S). Inflight has no barrier; W = B / (1 - z) / rate, the rate Little's law
+allows with k + 1/2 batches in generation, each sample resident until its group's longest member
+is done. Consumed samples/s = B / step; trainer idle (waiting for data) = 1 - (X + S) / step;
+MFU = MFU_train * X / step.
 """
 
 from __future__ import annotations
@@ -241,15 +244,21 @@ class ModeRates:
     mode: str
     step_s: float
     consumed_per_s: float
-    trainer_idle: float
+    trainer_idle: float     # waiting for a batch (the controller's pipeline/trainer_idle_frac)
     generator_idle: float
+    train_frac: float       # computing train steps: MFU = busy MFU * train_frac
     staleness_bound: int | None  # None: per token (inflight)
+
+
+def ahead_of(mode: str, staleness: int) -> int:
+    """Versions the generator may run ahead of the trainer: sync 0, periodic 1, async k."""
+    return {"sync": 0, "periodic": 1}.get(check_mode(mode), staleness)
 
 
 def pipeline_rates(mode: str, batch: int, trainer_sps: float, gen_sps: float, *,
                    sync_s: float = 0.0, gen_batch_s: float | None = None,
-                   zero_variance_frac: float = 0.0,
-                   sandbox_latency_s: float = 0.0, staleness: int = 1) -> ModeRates:
+                   zero_variance_frac: float = 0.0, sandbox_latency_s: float = 0.0,
+                   staleness: int = 1) -> ModeRates:
     """Step time and idle fractions of one pipeline mode (equations in the module docstring).
 
     `gen_sps` is the generator's free-running rate; `gen_batch_s` the time to generate one
@@ -260,18 +269,15 @@ def pipeline_rates(mode: str, batch: int, trainer_sps: float, gen_sps: float, *,
                          f"generator={gen_sps} batch={batch}")
     work = batch / (1 - zero_variance_frac) / gen_sps
     train = batch / trainer_sps
-    barrier = work if gen_batch_s is None else max(gen_batch_s, 0.0)
-    bound: int | None = {"sync": 0, "periodic": 1, "async": staleness, "inflight": None}[mode]
-    if mode == "sync" or (mode == "async" and staleness == 0):
-        step = barrier + sandbox_latency_s + sync_s + train
-    elif mode == "periodic":
-        step = max(barrier + sandbox_latency_s, train) + sync_s
-    elif mode == "async":
-        step = max(barrier + sync_s, train)
+    if mode == "inflight":
+        step, busy, bound = max(work, train + sync_s), work, None
     else:
-        step = max(work + sync_s, train)
-    busy = work if mode == "inflight" else barrier
-    return ModeRates(mode, step, batch / step, 1 - train / step, max(0.0, 1 - busy / step), bound)
+        busy = work if gen_batch_s is None else max(gen_batch_s, 0.0)
+        ahead = ahead_of(mode, staleness)
+        cycle = busy + sandbox_latency_s + train + sync_s
+        step, bound = max(busy, train + sync_s, cycle / (ahead + 1)), ahead
+    return ModeRates(mode, step, batch / step, max(0.0, 1 - (train + sync_s) / step),
+                     max(0.0, 1 - busy / step), train / step, bound)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +291,7 @@ class Prediction:
     modes: dict[str, ModeRates]
 
     def mfu(self, mode: str) -> float:
-        return self.trainer.eff.trainer_mfu * (1 - self.modes[check_mode(mode)].trainer_idle)
+        return self.trainer.eff.trainer_mfu * self.modes[check_mode(mode)].train_frac
 
 
 def sandbox_cores(workload: Workload, samples_per_s: float, eff: Efficiency) -> float:

@@ -131,7 +131,7 @@ def from_measured(rates: Mapping[str, Any] | MeasuredRates, *, total_chips: int 
     mfu = m.train_mfu
     rec = recommend(total, m.evaluate, granularity=granularity, modes=modes,
                     baseline=(m.trainer_chips, m.generator_chips, m.mode),
-                    mfu_of=(lambda t, g, r: mfu * (1 - r.trainer_idle)) if mfu else None)
+                    mfu_of=(lambda t, g, r: mfu * r.train_frac) if mfu else None)
     base = rec.baseline
     notes = [f"measured: trainer {m.trainer_rate:.4g} samples/s on {m.trainer_chips} chips, "
              f"generator {m.generator_rate:.4g} samples/s on {m.generator_chips} chips (rates "

@@ -105,4 +105,4 @@ def recommend_analytic(model: ModelSpec, hw: HardwareSpec, workload: Workload, e
     return recommend(
         total_chips, analytic_evaluator(model, hw, workload, eff, staleness=staleness),
         granularity=granularity or hw.chips_per_node, modes=modes, baseline=baseline,
-        mfu_of=lambda t, g, r: eff.trainer_mfu * (1 - r.trainer_idle))
+        mfu_of=lambda t, g, r: eff.trainer_mfu * r.train_frac)

@@ -3,19 +3,17 @@
 What is simulated: response lengths drawn from the workload's long-tailed distribution;
 continuous batching on the generator (a fixed number of decode slots; every active sequence
 advances one token per decode step, whose duration depends on how many slots are busy and how
-much KV they hold, from `GeneratorModel.step_time`); prefill pauses; weight syncs; a sandbox pool
-of finite size scoring each sample (FIFO, log-normal execution times); groups whose rewards have
-zero variance being dropped and regenerated; and the trainer consuming a batch per step. The four
-pipeline modes of DESIGN.md:
-
-- sync: batch b is generated only after step b-1 trained and its weights were synced.
-- periodic: when step s starts, v_s is synced (trainer and generator both wait) and the generator
-  makes batch s+1 with it while the trainer trains on batch s (staleness <= 1).
-- async (bound k): the generator makes batches back to back, loading the newest weights before
-  each, and may start batch b once b - k steps are done (staleness <= k; k = 0 is sync).
-- inflight: no batch barrier: free slots are refilled at once (run-ahead bounded by k batches),
-  new weights are swapped in between decode steps (every sequence pauses for the sync), and the
-  trainer takes the first B samples ready. A sample's staleness is that of its oldest token.
+much KV they hold, from `GeneratorModel.step_time`); prefill pauses; a sandbox pool of finite
+size scoring each sample (FIFO, log-normal execution times); groups whose rewards have zero
+variance being dropped and regenerated; and the trainer, which after each step publishes the new
+weights (weight sync, blocking the trainer, as jaxrl's controller does) before the next. The
+generator may start batch b once version b - ahead is published (ahead: sync 0, periodic 1,
+async k) and uses the newest weights; batches are generated one after the other, each ending
+with its longest response (the barrier). `inflight` (PipelineRL-style) has no barrier: free
+slots are refilled at once with up to (1 + k) batches issued and not yet trained on, newest
+weights are swapped in between decode steps, and the trainer takes the first B samples ready
+(whole groups); a sample's staleness is that of its oldest token. (jaxrl's controller currently
+runs `inflight` batch by batch, like `async` plus mid-batch swaps.)
 
 Outputs per step wall-clock, idle fractions, the staleness histogram, sample accounting
 (produced = consumed + dropped + buffered) and a Chrome/Perfetto trace with the controller's
@@ -77,7 +75,8 @@ class SimConfig:
 class SimResult:
     config: SimConfig
     step_end_s: np.ndarray
-    trainer_idle: float
+    trainer_idle: float  # waiting for a batch (as the controller's pipeline/trainer_idle_frac)
+    train_frac: float    # computing train steps (the MFU fraction); the rest is publishing
     generator_idle: float
     slot_utilization: float
     staleness_hist: dict[int, int]
@@ -119,7 +118,7 @@ class SimResult:
         return {"step_s_median": float(np.median(steady)), "wall_s": self.wall_s,
                 "consumed_per_s": self.consumed_per_s,
                 "steady_consumed_per_s": self.steady_consumed_per_s,
-                "trainer_idle": self.trainer_idle,
+                "trainer_idle": self.trainer_idle, "train_frac": self.train_frac,
                 "generator_idle": self.generator_idle, "slot_utilization": self.slot_utilization,
                 "staleness_max": self.staleness_max}
 
@@ -135,10 +134,11 @@ class _Sim:
         self.rem = np.zeros(n)                 # tokens left per slot
         self.sid = np.full(n, -1, np.int64)    # sample in the slot, -1 free
         self.pending: collections.deque[int] = collections.deque()
-        self.pause_until, self.pause_kind = 0.0, ""
+        self.pause_until = 0.0  # prefill: decoding paused
         self.gen_version, self.gen_batch = 0, -1
         self.busy_since: float | None = None
-        self.busy_name = "decode"
+        self.busy_name = "decode" if cfg.mode == "inflight" else "produce"
+        self.busy_args: dict[str, int] = {}
         # Samples and groups.
         self.length: list[int] = []
         self.batch_of: list[int] = []
@@ -156,7 +156,7 @@ class _Sim:
         self.workers = [0.0] * cfg.sandbox_workers
         self.in_sandbox = 0
         # Trainer.
-        self.done, self.busy_until, self.released = 0, None, 0
+        self.done, self.busy_until, self.phase, self.free_since = 0, None, "", 0.0
         self.step_end: list[float] = []
         self.train_time = self.gen_busy = self.slot_time = 0.0
         self.stale = collections.Counter()
@@ -238,59 +238,48 @@ class _Sim:
         if self.busy_until is not None:
             if self.busy_until > self.t + _EPS:
                 return False
-            self.done += 1
+            if self.phase == "train":  # then publish the new weights (blocks the trainer)
+                self.phase = "publish"
+                self.busy_until = self.t + self.sync_s
+                if self.trace and self.sync_s > 0:
+                    self.trace.add("weight_sync", "reshard", self.t, self.sync_s,
+                                   version=self.done + 1)
+                return True
+            self.done += 1  # version `done` is now available to the generator
             self.step_end.append(self.t)
-            self.busy_until = None
+            self.busy_until, self.free_since = None, self.t
             return True
         if self.done >= self.cfg.steps:
             return False
         ids = self._batch_available()
         if ids is None:
             return False
-        s, start = self.done, self.t
+        s = self.done
         for i in ids:
             self.stale[s - self.version[i]] += 1
         self.consumed += len(ids)
-        if self.cfg.mode == "periodic":
-            if self.gen_version < s:
-                self._sync(s, blocks_trainer=True)
-                start += self.sync_s
-            self.released = s + 1
         lengths = np.array([self.length[i] for i in ids], dtype=np.float64) + self.w.prompt_len
         dur = self.trainer.batch_seconds(float(lengths.sum()), float((lengths**2).sum()))
         self.train_time += dur
-        self.busy_until = start + dur
+        self.phase, self.busy_until = "train", self.t + dur
         if self.trace:
-            self.trace.add("trainer", "train_step", start, dur, step=s, samples=len(ids),
+            if self.t > self.free_since:
+                self.trace.add("trainer", "wait_batch", self.free_since, self.t - self.free_since,
+                               step=s)
+            self.trace.add("trainer", "train_step", self.t, dur, step=s, samples=len(ids),
                            staleness_mean=float(np.mean([s - self.version[i] for i in ids])))
         return True
 
     # -- generator -------------------------------------------------------------------------
 
-    def _sync(self, version: int, blocks_trainer: bool = False) -> None:
-        self._close_busy()
-        begin = max(self.t, self.pause_until)
-        self.pause_until, self.pause_kind = begin + self.sync_s, "sync"
-        self.gen_version = version
-        if self.trace:
-            self.trace.add("weight_sync", "weight_sync", begin, self.sync_s, version=version,
-                           blocks_trainer=blocks_trainer)
-
-    def _may_start(self, b: int) -> tuple[bool, int]:
-        """Whether batch b may start now, and the weights version it must use."""
-        mode, k = self.cfg.mode, self.cfg.staleness
-        if mode == "sync":
-            return self.done >= b and self.busy_until is None, self.done
-        if mode == "async":
-            return self.done >= b - k, self.done
-        return self.released >= b, self.gen_version  # periodic: synced at the step start
+    @property
+    def _ahead(self) -> int:
+        return {"sync": 0, "periodic": 1}.get(self.cfg.mode, self.cfg.staleness)
 
     def _admit(self) -> bool:
         B, G = self.w.batch_size, self.w.group_size
+        self.gen_version = self.done  # the newest published weights (already resharded)
         if self.cfg.mode == "inflight":
-            if self.done > self.gen_version:
-                self._sync(self.done)
-                return True
             limit = (self.done + 1 + self.cfg.staleness) * B
             free = int((self.sid < 0).sum()) - len(self.pending)
             changed = False
@@ -302,15 +291,11 @@ class _Sim:
         b = self.gen_batch
         if b >= 0 and (self.alive[b] < B or self.gen_left[b] > 0):
             return False  # still generating batch b (or waiting to regenerate dropped groups)
-        ok, version = self._may_start(b + 1)
-        if not ok or b + 1 >= self.cfg.steps:
+        if self.done < b + 1 - self._ahead or b + 1 >= self.cfg.steps:
             return False
-        if self.gen_version < version:
-            self._sync(version)
-            return True
         self.gen_batch = b + 1
         self._close_busy()
-        self.busy_name = f"batch {b + 1}"
+        self.busy_args = {"step": b + 1, "version": self.gen_version}
         for _ in range(B // G):
             self._new_group(b + 1)
         return True
@@ -325,7 +310,6 @@ class _Sim:
             self.sid[slot], self.rem[slot] = i, self.length[i]
             self.version[i] = self.gen_version
         self.pause_until = self.t + n * self.gen.prefill_s / self.gen.replicas
-        self.pause_kind = "prefill"
         return True
 
     def _generator_tick(self) -> bool:
@@ -343,7 +327,7 @@ class _Sim:
         if self.busy_since is not None:
             if self.trace and self.t > self.busy_since:
                 self.trace.add("generator", self.busy_name, self.busy_since,
-                               self.t - self.busy_since)
+                               self.t - self.busy_since, **self.busy_args)
             self.busy_since = None
 
     def _counter(self, track: str, name: str, **values: float) -> None:
@@ -374,7 +358,7 @@ class _Sim:
         step = self._step_time(active) if decoding else 0.0
         t_next = self._next_time(active, step)
         dt = t_next - self.t
-        busy = decoding or (self.pause_kind == "prefill" and self.pause_until > self.t + _EPS)
+        busy = decoding or self.pause_until > self.t + _EPS  # decoding or prefilling
         if busy and self.busy_since is None:
             self.busy_since = self.t
         elif not busy:
@@ -409,7 +393,8 @@ class _Sim:
         wall = self.step_end[-1]
         in_gen = int((self.sid >= 0).sum())
         return SimResult(
-            self.cfg, np.array(self.step_end), 1 - self.train_time / wall,
+            self.cfg, np.array(self.step_end),
+            1 - (self.train_time + self.cfg.steps * self.sync_s) / wall, self.train_time / wall,
             1 - self.gen_busy / wall, self.slot_time / (self.sid.size * wall),
             dict(sorted(self.stale.items())), started=len(self.length) - len(self.pending),
             produced=self.produced, consumed=self.consumed, dropped=self.dropped,

@@ -68,12 +68,20 @@ def test_infeasible_splits():
 
 
 def test_pipeline_modes_order():
+    # X = 50 s training, S = 5 s publish, barrier 150 s, free-running generation 100 s.
     r = {m: pipeline_rates(m, 100, 2.0, 1.0, sync_s=5.0, gen_batch_s=150.0) for m in MODES}
     assert r["sync"].step_s == pytest.approx(150 + 5 + 50)
-    assert r["periodic"].step_s == pytest.approx(150 + 5)
-    assert r["async"].step_s == pytest.approx(155)
-    assert r["inflight"].step_s == pytest.approx(105)  # no barrier: work + sync
+    assert r["periodic"].step_s == pytest.approx(150)  # generation-bound, training hidden
+    assert r["async"].step_s == pytest.approx(150)
+    assert r["inflight"].step_s == pytest.approx(100)  # no barrier
     assert r["sync"].consumed_per_s < r["periodic"].consumed_per_s <= r["inflight"].consumed_per_s
+    assert r["periodic"].trainer_idle == pytest.approx(1 - 55 / 150)
+    assert r["periodic"].train_frac == pytest.approx(50 / 150)
+    # Trainer-bound: the step is the train step plus its publish.
+    assert pipeline_rates("async", 100, 1.0, 10.0, sync_s=5.0).step_s == pytest.approx(105)
+    # One cycle (generate, score, train, publish) spread over ahead + 1 steps.
+    cyc = pipeline_rates("periodic", 100, 2.0, 1.0, gen_batch_s=60.0, sandbox_latency_s=40.0)
+    assert cyc.step_s == pytest.approx((60 + 40 + 50) / 2)
     assert pipeline_rates("async", 100, 2.0, 1.0, staleness=0).step_s == pytest.approx(150)
     with pytest.raises(ValueError, match="valid.*periodic"):
         pipeline_rates("overlap", 100, 2.0, 1.0)

@@ -100,11 +100,12 @@ def test_trace_has_one_track_per_role_and_a_span_per_step():
     assert tracks == list(ROLES)
     tid = {e["args"]["name"]: e["tid"] for e in events if e["name"] == "thread_name"}
     spans = [e for e in events if e["ph"] == "X"]
-    assert sum(e["tid"] == tid["trainer"] for e in spans) == 12
-    assert any(e["tid"] == tid["generator"] for e in spans)
-    assert any(e["tid"] == tid["weight_sync"] for e in spans)
+    names = {(e["tid"], e["name"]) for e in spans}
+    assert sum(e["name"] == "train_step" for e in spans) == 12
+    assert {(tid["trainer"], "train_step"), (tid["trainer"], "wait_batch"),
+            (tid["generator"], "produce"), (tid["weight_sync"], "reshard")} <= names
     assert any(e["ph"] == "C" and e["tid"] == tid["sandbox"] for e in events)
-    last_end = max(e["ts"] + e["dur"] for e in spans if e["tid"] == tid["trainer"])
+    last_end = max(e["ts"] + e["dur"] for e in spans if e["name"] == "reshard")
     assert last_end == pytest.approx(r.wall_s * 1e6, rel=1e-6)
 
 
