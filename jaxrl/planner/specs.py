@@ -161,11 +161,9 @@ class Workload:
             return 1.0
         return 1.0 - statistics.NormalDist().cdf((math.log(x) - self._mu) / self.response_sigma)
 
-    def expected_longest(self, n: int, points: int = 1024) -> float:
+    def expected_longest(self, n: int) -> float:
         """E[max of `n` response lengths] = integral of 1 - (1 - P(R > x))^n over [0, max]."""
-        dx = self.response_max / points
-        return sum(dx * (1.0 - (1.0 - self.response_survival((j + 0.5) * dx)) ** n)
-                   for j in range(points))
+        return _expected_longest(self.response_mean, self.response_sigma, self.response_max, n)
 
     def response_stats(self) -> ResponseStats:
         return _response_stats(self.response_mean, self.response_sigma, self.response_max,
@@ -190,6 +188,15 @@ class ResponseStats:
         """Average KV tokens a decode slot holds under continuous batching: prompt +
         E[R^2] / (2 E[R]) (a slot holds a response in proportion to its length, half grown)."""
         return (self.sample_mean - self.mean) + self.mean_sq / (2 * self.mean)
+
+
+@functools.lru_cache(maxsize=4096)
+def _expected_longest(mean: float, sigma: float, rmax: int, n: int, points: int = 1024) -> float:
+    w = Workload(prompt_len=1, response_mean=mean, response_sigma=sigma, response_max=rmax,
+                 group_size=1, batch_size=1)
+    dx = rmax / points
+    return sum(dx * (1.0 - (1.0 - w.response_survival((j + 0.5) * dx)) ** n)
+               for j in range(points))
 
 
 @functools.lru_cache(maxsize=256)

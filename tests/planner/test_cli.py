@@ -36,35 +36,41 @@ def test_preset_with_simulation_and_trace(tmp_path):
     assert any(e["name"] == "train_step" for e in events)
 
 
-def test_bad_preset_lists_valid_names():
-    r = plan("--model", "gpt-17")
-    assert r.returncode == 2
-    assert "gpt-17" in r.stderr and "qwen3-235b-a22b" in r.stderr and "glm-5" in r.stderr
-    r = plan("--hardware", "a100")
-    assert r.returncode == 2 and "tpu-v6e" in r.stderr
+def run_main(capsys, *args):
+    rc = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
 
 
-def test_published_and_list():
-    r = plan("--published")
-    assert r.returncode == 0, r.stderr
-    assert "29.1%" in r.stdout and "104:152" in r.stdout and "48:208" in r.stdout
-    r = plan("--list")
-    assert r.returncode == 0 and "tpu-v5e" in r.stdout and "inflight" in r.stdout
+def test_bad_preset_lists_valid_names(capsys):
+    rc, _, err = run_main(capsys, "--model", "gpt-17")
+    assert rc == 2
+    assert "gpt-17" in err and "qwen3-235b-a22b" in err and "glm-5" in err
+    rc, _, err = run_main(capsys, "--hardware", "a100")
+    assert rc == 2 and "tpu-v6e" in err
 
 
-def test_from_run(tmp_path):
+def test_published_and_list(capsys):
+    rc, out, err = run_main(capsys, "--published")
+    assert rc == 0, err
+    assert "29.1%" in out and "104:152" in out and "48:208" in out
+    rc, out, _ = run_main(capsys, "--list")
+    assert rc == 0 and "tpu-v5e" in out and "inflight" in out
+
+
+def test_from_run(tmp_path, capsys):
     run = tmp_path / "runs" / "x"
     run.mkdir(parents=True)
     row = {"pipeline/rollouts_per_s_produced": 1.0, "pipeline/rollouts_per_s_consumed": 2.0,
            "pipeline/trainer_idle_frac": 0.5}
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(row) for _ in range(5)) + "\n")
-    r = plan("--from-run", str(run))
-    assert r.returncode == 2 and "pipeline/trainer_chips" in r.stderr
-    r = plan("--from-run", str(run), "--split", "4:4")
-    assert r.returncode == 0, r.stderr
-    assert "recommended: 3:5" in r.stdout  # trainer twice as fast per chip -> more generators
-    r = plan("--from-run", str(tmp_path / "missing"))
-    assert r.returncode == 2 and "metrics.jsonl" in r.stderr
+    rc, _, err = run_main(capsys, "--from-run", str(run))
+    assert rc == 2 and "pipeline/trainer_chips" in err
+    rc, out, err = run_main(capsys, "--from-run", str(run), "--split", "4:4")
+    assert rc == 0, err
+    assert "recommended: 3:5" in out  # trainer twice as fast per chip -> more generators
+    rc, _, err = run_main(capsys, "--from-run", str(tmp_path / "missing"))
+    assert rc == 2 and "metrics.jsonl" in err
 
 
 def test_overrides_are_strict():
