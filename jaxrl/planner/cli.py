@@ -186,7 +186,8 @@ def _plan(args: argparse.Namespace, ov: dict[str, dict[str, str]]) -> str:
             sm = res.summary()
             out.append(
                 f"  {label:<11} {r.split:>9} {cfg.mode:<9} median step {sm['step_s_median']:.4g}"
-                f" s (analytic {r.rates.step_s:.4g}), {sm['consumed_per_s']:.4g} samples/s, "
+                f" s (analytic {r.rates.step_s:.4g}), {sm['steady_consumed_per_s']:.4g} samples/s "
+                f"(analytic {r.rates.consumed_per_s:.4g}), "
                 f"trainer idle {sm['trainer_idle']:.1%} (analytic {r.rates.trainer_idle:.1%}),"
                 f" staleness {res.staleness_hist}, dropped {res.dropped}")
             if res.trace is not None:
