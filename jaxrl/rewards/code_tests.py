@@ -159,39 +159,52 @@ import ast as _ast, os as _os
 _NONCE = __NONCE__
 _TESTS = _ast.literal_eval(__TESTS__)
 _SRC = __SRC__
-_FD = _os.dup(1)
-def _emit(i, kind, payload):
-    data = ("%s %d %s %s\n" % (_NONCE, i, kind, payload)).encode("utf-8", "backslashreplace")
-    while data:
-        data = data[_os.write(_FD, data):]
-_LEAF = (int, float, complex, str, bytes, bool, type(None))
-def _plain(v, depth=0):
-    t = type(v)
-    if depth > 50:
-        raise ValueError("result nested too deeply")
-    if t in _LEAF:
-        return v
-    if t in (list, tuple, set, frozenset):
-        return t([_plain(x, depth + 1) for x in v])
-    if t is dict:
-        return {_plain(k, depth + 1): _plain(x, depth + 1) for k, x in v.items()}
-    raise TypeError("result of type %s is not plain data" % t.__name__)
-_ns = {"__name__": "__solution__"}
-try:
-    exec(compile(_SRC, "<solution>", "exec"), _ns)
-except BaseException as _e:
-    _emit(-1, "load_error", type(_e).__name__)
-    _os._exit(0)
-for _i, _t in enumerate(_TESTS):
+
+
+def _main(src, tests, nonce, fd=_os.dup(1), write=_os.write, exit=_os._exit, type=type,
+          repr=repr, enumerate=enumerate, compile=compile, eval=eval, exec=exec, dict=dict,
+          list=list, tuple=tuple, set=set, frozenset=frozenset, BaseException=BaseException,
+          TypeError=TypeError, ValueError=ValueError, str=str, len=len):
+    # Builtins are bound above, before the candidate runs: patching `builtins` or `os` from the
+    # candidate's code does not change how results are written.
+    leaf = (int, float, complex, str, bytes, bool, type(None))
+
+    def emit(i, kind, payload):
+        data = ("%s %d %s %s\n" % (nonce, i, kind, payload)).encode("utf-8", "backslashreplace")
+        while data:
+            data = data[write(fd, data):]
+
+    def plain(v, depth=0):
+        t = type(v)
+        if depth > 50:
+            raise ValueError("result nested too deeply")
+        if t in leaf:
+            return v
+        if t in (list, tuple, set, frozenset):
+            return t([plain(x, depth + 1) for x in v])
+        if t is dict:
+            return {plain(k, depth + 1): plain(x, depth + 1) for k, x in v.items()}
+        raise TypeError("result of type %s is not plain data" % t.__name__)
+
+    ns = {"__name__": "__solution__"}
     try:
-        if _t[0] == "call":
-            _v = _ns[_t[1]](*_t[2], **_t[3])
-        else:
-            _v = eval(compile(_t[1], "<test>", "eval"), _ns)
-        _emit(_i, "value", repr(_plain(_v)))
-    except BaseException as _e:
-        _emit(_i, "error", type(_e).__name__)
-_os._exit(0)
+        exec(compile(src, "<solution>", "exec"), ns)
+    except BaseException as e:
+        emit(-1, "load_error", type(e).__name__)
+        exit(0)
+    for i, t in enumerate(tests):
+        try:
+            if t[0] == "call":
+                v = ns[t[1]](*t[2], **t[3])
+            else:
+                v = eval(compile(t[1], "<test>", "eval"), ns)
+            emit(i, "value", repr(plain(v)))
+        except BaseException as e:
+            emit(i, "error", type(e).__name__)
+    exit(0)
+
+
+_main(_SRC, _TESTS, _NONCE)
 """
 
 

@@ -22,6 +22,7 @@ cannot be timed out either.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import logging
@@ -208,6 +209,10 @@ class RewardScorer:
         self.error_counts = {t.name: 0 for t in spec.terms}
         self.timeout_counts = {t.name: 0 for t in spec.terms}
         self.items_scored = 0
+        # Terms run concurrently: the sandbox pool and the reward workers overlap.
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=len(spec.terms), thread_name_prefix="reward-term"
+        )
 
     def __enter__(self) -> RewardScorer:
         return self
@@ -216,6 +221,7 @@ class RewardScorer:
         self.close()
 
     def close(self) -> None:
+        self._executor.shutdown(wait=True)
         if self._own_workers:
             self.workers.close()
 
@@ -229,8 +235,9 @@ class RewardScorer:
         errors: dict[str, int] = {}
         timeouts: dict[str, int] = {}
         total = [0.0] * len(items)
-        for term in self.spec.terms:
-            raw = self._run_term(term, items)
+        futures = [self._executor.submit(self._run_term, t, items) for t in self.spec.terms]
+        for term, future in zip(self.spec.terms, futures, strict=True):
+            raw = future.result()
             vals, n_err, n_to = [], 0, 0
             for k, v in enumerate(raw):
                 try:
