@@ -107,7 +107,9 @@ def decode_tpu(q4, k_cache, v_cache, lengths, *, sm_scale, block_k, num_splits, 
     bps = -(-nb // num_splits)
 
     def kv_index(b, s, j, lengths_ref):
-        last = jnp.maximum((lengths_ref[b] + block_k - 1) // block_k - 1, 0)
+        # lax.div, not //: floor division of signed ints lowers through sign(), which Mosaic only
+        # lowers with a known chip; lengths are >= 0, so truncation is the same.
+        last = jnp.maximum(lax.div(lengths_ref[b] + block_k - 1, block_k) - 1, 0)
         return (b, jnp.minimum(jnp.minimum(s * bps + j, last), nb - 1), 0, 0)
 
     kv_spec = pl.BlockSpec((None, block_k, Hkv, D), kv_index)

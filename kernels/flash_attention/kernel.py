@@ -68,7 +68,7 @@ def _flash_fwd_kernel(
             cols = kv_block * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
             if causal:
                 rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
-                mask = mask & (cols <= rows // group)
+                mask = mask & (cols * group <= rows)  # col <= row // G, without a division
             if kv_len is not None:
                 mask = mask & (cols < kv_len)
             if use_segments:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -31,7 +32,7 @@ def paged_decode_tpu(q4, k_pages, v_pages, lengths, page_table, *, sm_scale, num
     pps = -(-P // num_splits)
 
     def page_index(b, s, j, lengths_ref, pt_ref):
-        last = jnp.maximum((lengths_ref[b] + page_size - 1) // page_size - 1, 0)
+        last = jnp.maximum(lax.div(lengths_ref[b] + page_size - 1, page_size) - 1, 0)
         logical = jnp.minimum(jnp.minimum(s * pps + j, last), P - 1)
         return (pt_ref[b * P + logical], 0, 0, 0)
 

@@ -1,0 +1,84 @@
+"""Each body lowers for its real target from this CPU machine (jax.export cross-lowering): the GPU
+bodies through Pallas' Triton lowering to Triton IR, the TPU bodies to Mosaic. Nothing runs; this
+catches ops or shapes a lowering rejects, which the interpreters cannot (realistic shapes: bf16,
+D = 128, GQA 4, lengths not multiples of the blocks, default block sizes)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import export
+
+from kernels.decode_attention import ops as decode_ops
+from kernels.decode_attention.kernel import decode_tpu
+from kernels.decode_attention.kernel_gpu import decode_gpu
+from kernels.flash_attention import ops as flash_ops
+from kernels.paged_decode_attention import ops as paged_ops
+from kernels.paged_decode_attention.kernel import paged_decode_tpu
+from kernels.paged_decode_attention.kernel_gpu import paged_decode_gpu
+
+PLATFORMS = {"gpu": ("cuda", "__gpu$xla.gpu.triton"), "tpu": ("tpu", "tpu_custom_call")}
+B, T, HQ, HKV, D, S = 2, 1000, 32, 8, 128, 4000
+BF16 = jnp.bfloat16
+
+
+def _lower(backend, fn, *args):
+    platform, target = PLATFORMS[backend]
+    exported = export.export(
+        jax.jit(fn),
+        platforms=[platform],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call(target)],
+    )(*args)
+    assert target in exported.mlir_module()
+
+
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
+@pytest.mark.parametrize("causal,segments", [(True, False), (True, True), (False, False)])
+def test_flash_attention_lowers(backend, causal, segments):
+    q = jax.ShapeDtypeStruct((B, T, HQ, D), BF16)
+    kv = jax.ShapeDtypeStruct((B, T, HKV, D), BF16)
+    seg = jax.ShapeDtypeStruct((B, T), jnp.int32) if segments else None
+    cfg = flash_ops._Config(causal, D**-0.5, flash_ops.BlockSizes(), False, backend)
+    _lower(backend, lambda q, k, v, s: flash_ops._forward(q, k, v, s, cfg), q, kv, kv, seg)
+
+
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
+def test_decode_attention_lowers(backend):
+    q = jax.ShapeDtypeStruct((B, HQ, D), BF16)
+    cache = jax.ShapeDtypeStruct((B, S, HKV, D), BF16)
+    lengths = jax.ShapeDtypeStruct((B,), jnp.int32)
+    bs = decode_ops.BlockSizes().resolve(backend, B, HKV, S)
+    kw = dict(sm_scale=0.1, block_k=bs.block_k, num_splits=bs.num_splits, interpret=False)
+
+    def fn(q, k, v, n):
+        return decode_ops.run_split_k(
+            q,
+            HKV,
+            0.1,
+            backend,
+            lambda q4: decode_tpu(q4, k, v, n, **kw),
+            lambda q4: decode_gpu(q4, k, v, n, num_warps=4, num_stages=3, **kw),
+        )
+
+    _lower(backend, fn, q, cache, cache, lengths)
+
+
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
+def test_paged_decode_attention_lowers(backend):
+    q = jax.ShapeDtypeStruct((B, HQ, D), BF16)
+    pages = jax.ShapeDtypeStruct((300, 64, HKV, D), BF16)
+    lengths = jax.ShapeDtypeStruct((B,), jnp.int32)
+    table = jax.ShapeDtypeStruct((B, 63), jnp.int32)
+    bs = paged_ops.BlockSizes().resolve(backend, B, HKV, 63)
+    kw = dict(sm_scale=0.1, num_splits=bs.num_splits, interpret=False)
+
+    def fn(q, k, v, n, t):
+        return decode_ops.run_split_k(
+            q,
+            HKV,
+            0.1,
+            backend,
+            lambda q4: paged_decode_tpu(q4, k, v, n, t, **kw),
+            lambda q4: paged_decode_gpu(q4, k, v, n, t, num_warps=4, num_stages=3, **kw),
+        )
+
+    _lower(backend, fn, q, pages, pages, lengths, table)
