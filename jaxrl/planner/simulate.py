@@ -278,8 +278,8 @@ class _Sim:
 
     def _admit(self) -> bool:
         B, G = self.w.batch_size, self.w.group_size
-        self.gen_version = self.done  # the newest published weights (already resharded)
         if self.cfg.mode == "inflight":
+            self.gen_version = self.done  # newest weights, swapped in between decode steps
             limit = (self.done + 1 + self.cfg.staleness) * B
             free = int((self.sid < 0).sum()) - len(self.pending)
             changed = False
@@ -294,6 +294,7 @@ class _Sim:
         if self.done < b + 1 - self._ahead or b + 1 >= self.cfg.steps:
             return False
         self.gen_batch = b + 1
+        self.gen_version = self.done  # the newest published weights, for the whole batch
         self._close_busy()
         self.busy_args = {"step": b + 1, "version": self.gen_version}
         for _ in range(B // G):
