@@ -47,7 +47,9 @@ class CharTokenizer:
             ) from None
         return [self.bos_id, *ids] if add_bos else ids
 
-    def decode(self, ids: list[int], stop_at_eos: bool = True) -> str:
+    def decode(self, ids: list[int], stop_at_eos: bool = True, errors: str = "strict") -> str:
+        """Text of `ids` up to EOS. Ids outside the vocabulary raise, or with
+        `errors="replace"` become U+FFFD (a model's padded vocabulary can sample them)."""
         out = []
         for i in ids:
             i = int(i)
@@ -56,6 +58,9 @@ class CharTokenizer:
             if i in self._to_char:
                 out.append(self._to_char[i])
             elif not 0 <= i < self.vocab_size:
+                if errors == "replace":
+                    out.append("\ufffd")
+                    continue
                 raise ValueError(f"token id {i} is outside the vocabulary [0, {self.vocab_size})")
         return "".join(out)
 
@@ -101,8 +106,12 @@ class HFTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True, errors: str = "replace"
+               ) -> str:
+        ids = [int(i) for i in ids]
+        if errors == "replace":  # ids past the tokenizer's vocabulary (padded embedding rows)
+            ids = [i for i in ids if 0 <= i < self.vocab_size]
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = False

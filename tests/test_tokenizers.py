@@ -22,6 +22,7 @@ def test_char_roundtrip_and_specials():
         tok.encode("café")
     with pytest.raises(ValueError, match="outside the vocabulary"):
         tok.decode([999])
+    assert tok.decode([*tok.encode("ab"), 120], errors="replace") == "ab\ufffd"
     assert isinstance(load_tokenizer(None), CharTokenizer)
 
 

@@ -92,7 +92,7 @@ class MetricsLogger:
         if self._tb is not None:
             for k, v in row.items():
                 if k not in ("step", "time") and isinstance(v, (int, float)):
-                    self._tb.add_scalar(k, v, step)
+                    self._tb.add_scalar(k.replace("@", "_at_"), v, step)
             self._tb.flush()
         if self.progress:
             self._progress_line(step, row)

@@ -1,0 +1,197 @@
+"""The generator side of a run: prompts → completions → rewards → groups for one step.
+
+`RolloutProducer.produce(step, weights)` is what the pipeline's generator thread calls. It draws
+`prompts_per_step` prompts, samples `group_size` completions of each on the continuous-batching
+scheduler, scores them on the sandbox pool, and keeps groups whose rewards vary (DAPO dynamic
+sampling): zero-variance groups are counted and, for up to `max_oversample_rounds` extra rounds,
+replaced by fresh prompts. The batch always has exactly `prompts_per_step` groups (topped up with
+zero-variance groups, which carry no advantage, if needed), so the train step keeps one shape.
+
+Seeds derive from (run seed, step, round, prompt slot), so `sync` runs are bit-reproducible.
+In `inflight` mode, newer published weights are installed between decode chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from jaxrl.controller.buffer import Group, Rollout, RolloutBuffer
+from jaxrl.controller.pipeline import Produced
+from jaxrl.controller.trace import TraceWriter
+from jaxrl.generate.sampling import SamplingParams
+from jaxrl.generate.scheduler import Scheduler
+
+
+def request_seed(run_seed: int, step: int, round_: int, slot: int) -> int:
+    digest = hashlib.sha256(f"{run_seed}/{step}/{round_}/{slot}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@dataclasses.dataclass
+class ProducerConfig:
+    prompts_per_step: int
+    group_size: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    filter_zero_variance: bool = True
+    max_oversample_rounds: int = 2
+    inflight: bool = False
+    seed: int = 0
+    prompt_format: str = "auto"
+
+
+class RolloutProducer:
+    def __init__(self, *, scheduler: Scheduler, task, tokenizer, prompts, scorer,
+                 cfg: ProducerConfig, trace: TraceWriter | None = None, tracker=None):
+        self.scheduler, self.task, self.tokenizer = scheduler, task, tokenizer
+        self.prompts, self.scorer, self.cfg = prompts, scorer, cfg
+        self.trace = trace or TraceWriter()
+        self.tracker = tracker
+        self.version = None
+
+    def _install(self, weights: Callable[[], tuple[Any, int]]) -> None:
+        params, version = weights()
+        if version != self.version:
+            self.scheduler.set_params(params, version)
+            self.version = version
+
+    def _sampling(self, step: int, round_: int, slot: int) -> SamplingParams:
+        c = self.cfg
+        return SamplingParams(
+            max_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+            n=c.group_size, seed=request_seed(c.seed, step, round_, slot),
+        )
+
+    def _generate(self, records: list[dict], step: int, round_: int, weights) -> list:
+        ids = []
+        for slot, record in enumerate(records):
+            prompt = self.task.render(record, self.tokenizer, self.cfg.prompt_format)
+            ids.append(self.scheduler.submit(prompt, self._sampling(step, round_, slot)))
+        by_request: dict[int, list] = {rid: [] for rid in ids}
+        while self.scheduler.has_work():
+            for completion in self.scheduler.step():
+                by_request[completion.request_id].append(completion)
+            if self.cfg.inflight:
+                self._install(weights)
+        return [sorted(by_request[rid], key=lambda c: c.sample_index) for rid in ids]
+
+    def _score(self, records: list[dict], completions: list[list]) -> tuple[list[Group], dict]:
+        texts, flat_records = [], []
+        for record, group in zip(records, completions, strict=True):
+            for c in group:
+                texts.append(self.tokenizer.decode(c.tokens, errors="replace"))
+                flat_records.append(record)
+        start = self.trace.now()
+        scores = self.scorer.score_batch(self.task.reward_items(flat_records, texts))
+        self.trace.add("sandbox", "score", start, self.trace.now() - start, items=len(texts))
+        groups, k = [], 0
+        for record, group in zip(records, completions, strict=True):
+            rollouts = []
+            for c in group:
+                comps = {name: vals[k] for name, vals in scores.components.items()}
+                rollouts.append(Rollout(
+                    prompt=list(c.prompt), completion=list(c.tokens), logprobs=list(c.logprobs),
+                    versions=list(c.versions), finish_reason=c.finish_reason,
+                    reward=scores.total[k], components=comps, text=texts[k],
+                ))
+                k += 1
+            groups.append(Group(example=record, rollouts=rollouts))
+        return groups, scores.metrics()
+
+    def evaluate(self, records: list[dict], *, pass_k: int, temperature: float, seed: int,
+                 greedy: bool = True, prefix: str = "eval") -> dict[str, float]:
+        """pass@1 / pass@k (and greedy pass@1) with the engine's current weights.
+
+        Runs on this producer's scheduler, so call it only while the pipeline is not running
+        (before the first step and after the last): no second engine, no recompilation.
+        """
+        from jaxrl.data.evaluate import pass_at_k_metrics
+
+        start = time.perf_counter()
+        prompts = [self.task.render(r, self.tokenizer, self.cfg.prompt_format) for r in records]
+
+        def sample_rewards(n: int, temp: float) -> np.ndarray:
+            ids = [self.scheduler.submit(p, SamplingParams(
+                max_tokens=self.cfg.max_new_tokens, temperature=temp, n=n,
+                seed=request_seed(seed, -1, n, i))) for i, p in enumerate(prompts)]
+            done = {rid: [] for rid in ids}
+            for c in self.scheduler.run():
+                done[c.request_id].append(c)
+            texts = [self.tokenizer.decode(c.tokens, errors="replace")
+                     for rid in ids for c in sorted(done[rid], key=lambda c: c.sample_index)]
+            expanded = [r for r in records for _ in range(n)]
+            scores = self.scorer.score_batch(self.task.reward_items(expanded, texts))
+            return np.asarray(scores.total, np.float64).reshape(len(records), n)
+
+        rewards = sample_rewards(pass_k, temperature)
+        metrics = pass_at_k_metrics(rewards >= 1.0, sorted({1, pass_k}), prefix)
+        metrics[f"{prefix}/reward_mean"] = float(rewards.mean())
+        if greedy:
+            metrics[f"{prefix}/greedy_pass@1"] = float(np.mean(sample_rewards(1, 0.0) >= 1.0))
+        metrics[f"{prefix}/time_s"] = time.perf_counter() - start
+        return metrics
+
+    def produce(self, step: int, weights: Callable[[], tuple[Any, int]]) -> Produced:
+        start = time.perf_counter()
+        self._install(weights)
+        self.scheduler.reset_stats()
+        c = self.cfg
+        buffer = RolloutBuffer(filter_zero_variance=c.filter_zero_variance)
+        fallback: list[Group] = []
+        reward_metrics: list[dict] = []
+        all_rewards: list[float] = []
+        rounds = 0
+        while True:
+            records = next(self.prompts)
+            completions = self._generate(records, step, rounds, weights)
+            groups, metrics = self._score(records, completions)
+            reward_metrics.append(metrics)
+            for g in groups:
+                all_rewards.extend(g.rewards.tolist())
+                if self.tracker is not None and "uid" in g.example:
+                    self.tracker.update(str(g.example["uid"]), g.rewards.tolist())
+                if not buffer.add(g):
+                    fallback.append(g)
+            rounds += 1
+            if len(buffer) >= c.prompts_per_step or rounds > c.max_oversample_rounds:
+                break
+        chosen = buffer.take(c.prompts_per_step, trainer_version=step)
+        dropped_extra = len(buffer)
+        filler = fallback[: c.prompts_per_step - len(chosen)]
+        groups = chosen + filler
+        gen = self.scheduler.stats
+        n_rollouts = sum(len(g.rollouts) for g in groups)
+        metrics = {
+            "reward/mean": float(np.mean([r for g in groups for r in g.rewards])),
+            "reward/produced_mean": float(np.mean(all_rewards)),
+            "reward/zero_variance_group_frac": buffer.counters.zero_variance
+            / max(buffer.counters.groups_added, 1),
+            "reward/oversample_rounds": float(rounds - 1),
+            "reward/zero_variance_filler_groups": float(len(filler)),
+            "reward/oversample_dropped_groups": float(dropped_extra),
+            "gen/completion_len_mean": float(
+                np.mean([len(r.completion) for g in groups for r in g.rollouts])
+            ),
+            "gen/truncated_frac": float(
+                np.mean([r.finish_reason == "length" for g in groups for r in g.rollouts])
+            ),
+        }
+        metrics.update(gen.metrics())
+        for key in reward_metrics[0]:
+            if key != "reward/mean":
+                metrics[key] = float(np.mean([m[key] for m in reward_metrics if key in m]))
+        return Produced(
+            step=step, payload=groups, num_rollouts=n_rollouts,
+            num_tokens=sum(g.num_tokens for g in groups), busy_s=time.perf_counter() - start,
+            min_version=min(g.min_version for g in groups),
+            extra={"metrics": metrics, "data_state": self.prompts.get_state(),
+                   "tracker_state": self.tracker.get_state() if self.tracker else None},
+        )

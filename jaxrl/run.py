@@ -1,0 +1,396 @@
+"""`jaxrl.run(cfg)`: one experiment, end to end, from one Python controller.
+
+meshes → model (HF weights or random init + cached SFT warm start) → trainer on the trainer mesh,
+generator engine on the generator mesh, sandbox pool on the CPUs → the pipeline (sync / periodic /
+async / inflight) → metrics, trace, checkpoints, evaluation, and a planner recommendation from the
+measured rates. Ctrl-C or an error stops every thread and process it started; checkpoints already
+written stay intact and `resume=True` continues from the latest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxrl.config import ConfigError, RunConfig, to_dict
+from jaxrl.controller.buffer import groups_to_batch, staleness_stats
+from jaxrl.controller.metrics import MetricsLogger, read_metrics
+from jaxrl.controller.pipeline import Pipeline, Produced
+from jaxrl.controller.rollouts import ProducerConfig, RolloutProducer
+from jaxrl.controller.trace import TraceWriter
+from jaxrl.controller.weight_sync import WeightSync
+from jaxrl.sharding import make_meshes
+
+log = logging.getLogger("jaxrl")
+
+
+@dataclasses.dataclass
+class RunResult:
+    run_dir: Path
+    steps_done: int
+    history: list[dict]
+    eval_start: dict
+    eval_end: dict
+    summary: str
+
+
+def _prepare_run_dir(cfg: RunConfig, resume: bool) -> Path:
+    run_dir = cfg.path
+    ckpt = run_dir / "checkpoints"
+    has_ckpt = ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
+    if has_ckpt and not resume:
+        raise ConfigError(
+            f"run directory {run_dir} already has checkpoints; pass --resume to continue it or "
+            f"choose another --name"
+        )
+    if resume and not has_ckpt:
+        raise ConfigError(f"--resume: no checkpoint under {ckpt}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str))
+    return run_dir
+
+
+def _truncate_metrics(run_dir: Path, from_step: int) -> None:
+    """On resume, drop rows logged after the checkpoint so steps continue without duplicates."""
+    path = run_dir / "metrics.jsonl"
+    if path.exists():
+        rows = [r for r in read_metrics(run_dir) if r.get("step", 0) < from_step]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(path)
+
+
+def _initial_params(cfg: RunConfig, meshes, tokenizer, task, model_cfg):
+    """Params on the trainer mesh: HF weights, or random init + (cached) SFT warm start."""
+    from jaxrl.data.sft import warm_start
+    from jaxrl.train.state import params_from_model
+
+    if cfg.init:
+        from jaxrl.models.hf import load_pretrained
+
+        _, model = load_pretrained(cfg.init, mesh=meshes.trainer, role="trainer",
+                                   dtype=model_cfg.param_dtype)
+        return params_from_model(model), {}
+    params, info = warm_start(model_cfg, cfg.data, mesh=meshes.trainer, tokenizer=tokenizer,
+                              task=task,
+                              on_log=lambda s, m: log.info("sft step %d: %s", s, m))
+    if params is None:
+        from jaxrl.models import create_model
+
+        model = create_model(model_cfg, mesh=meshes.trainer, role="trainer", seed=cfg.seed)
+        return params_from_model(model), {}
+    return params, {"sft/cache_hit": float(info.get("cache_hit", False)),
+                    "sft/wall_s": float(info.get("wall_s", 0.0))}
+
+
+def _model_config(cfg: RunConfig, tokenizer):
+    model_cfg = cfg.model
+    if cfg.init:
+        from jaxrl.models.hf import config_from_hf
+
+        hf = json.loads((Path(cfg.init) / "config.json").read_text())
+        model_cfg = config_from_hf(hf, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
+                                   attention_impl=cfg.model.attention_impl,
+                                   remat=cfg.model.remat)
+    if model_cfg.vocab_size < tokenizer.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
+            f"vocabulary ({tokenizer.vocab_size})"
+        )
+    return model_cfg
+
+
+class Run:
+    """Owns every resource of one run; `close()` releases them (also on error / Ctrl-C)."""
+
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, progress: bool = True):
+        from jaxrl.data.pipeline import prompt_iterator
+        from jaxrl.data.solve_rate import SolveRateTracker
+        from jaxrl.data.tasks import build_task
+        from jaxrl.distributed import is_leader, maybe_initialize
+        from jaxrl.tokenizers import load_tokenizer
+
+        self.cfg = cfg
+        self._closers: list = []
+        maybe_initialize(cfg.dist)
+        self.leader = is_leader()
+        self.meshes = make_meshes(cfg.mesh)  # fails before any work when it does not fit
+        self.run_dir = _prepare_run_dir(cfg, resume) if self.leader else cfg.path
+        self.tokenizer = load_tokenizer(cfg.tokenizer)
+        self.task = build_task(cfg.data)
+        self.model_cfg = _model_config(cfg, self.tokenizer)
+        self.trace = TraceWriter(process_name="measured")
+        self.tracker = SolveRateTracker.from_config(cfg.data)
+        self.prompts = prompt_iterator(self.task, cfg.data, process_index=jax.process_index(),
+                                       process_count=jax.process_count(), tracker=self.tracker)
+        self.resume = resume
+        self.progress = progress
+
+    # ---------------------------------------------------------------- components
+
+    def _build(self):
+        from jaxrl.generate.engine import JaxEngine
+        from jaxrl.generate.scheduler import Scheduler
+        from jaxrl.models.model import abstract_model
+        from jaxrl.train.checkpoint import Checkpointer
+        from jaxrl.train.trainer import Trainer
+
+        cfg = self.cfg
+        params, self.sft_metrics = ({}, {}) if self.resume else (None, None)
+        if not self.resume:
+            params, self.sft_metrics = _initial_params(cfg, self.meshes, self.tokenizer,
+                                                       self.task, self.model_cfg)
+        max_prompt = self._max_prompt_len()
+        seq_len = max_prompt + cfg.data.max_new_tokens
+        self.trainer = Trainer(self.model_cfg, cfg.train, self.meshes.trainer,
+                               params=params or None, max_len=None)
+        self.ckpt = Checkpointer(self.run_dir / "checkpoints", every=cfg.train.checkpoint_every,
+                                 keep=cfg.train.checkpoint_keep)
+        self._closers.append(self.ckpt.close)
+        self._data_state = self.prompts.get_state()
+        self._tracker_state = self.tracker.get_state()
+        self.ckpt.register("data", get=lambda: self._data_state, set=self.prompts.set_state)
+        self.ckpt.register("tracker", get=lambda: self._tracker_state,
+                           set=self.tracker.set_state)
+        self.start_step = 0
+        if self.resume:
+            state = self.ckpt.restore(self.trainer.abstract_state)
+            self.trainer.replace_state(state)
+            self.start_step = int(jax.device_get(state.step))
+            self._data_state = self.prompts.get_state()
+            self._tracker_state = self.tracker.get_state()
+            _truncate_metrics(self.run_dir, self.start_step)
+        # Generator: same model, optionally another dtype, on the generator mesh.
+        gen_dtype = cfg.generate.dtype or self.model_cfg.param_dtype
+        gen_cfg = dataclasses.replace(self.model_cfg, param_dtype=gen_dtype, dtype=gen_dtype)
+        self.gen_graphdef, _ = nnx.split(abstract_model(gen_cfg))
+        gen_mesh = self.meshes.generator
+        _, abstract_gen = nnx.split(abstract_model(gen_cfg))
+        targets = _pure_shardings(abstract_gen, gen_mesh)
+        self.sync = WeightSync(targets, dtype=gen_dtype)
+        gen_params, _ = self.sync(self.trainer.state.params)
+        gen_model = nnx.merge(self.gen_graphdef, gen_params)
+        max_len = cfg.generate.max_len or _bucket(seq_len)
+        num_slots = cfg.generate.num_slots
+        dp = gen_mesh.shape["dp"]
+        num_slots = -(-num_slots // dp) * dp
+        self.engine = JaxEngine(gen_model, num_slots=num_slots, max_len=max_len, mesh=gen_mesh,
+                                chunk_steps=cfg.generate.chunk_steps,
+                                eos_ids=(self.tokenizer.eos_id,), version=self.start_step)
+        self.scheduler = Scheduler(self.engine)
+        self.pool, self.scorer = self._rewards()
+        self.producer = RolloutProducer(
+            scheduler=self.scheduler, task=self.task, tokenizer=self.tokenizer,
+            prompts=self.prompts, scorer=self.scorer, trace=self.trace, tracker=self.tracker,
+            cfg=ProducerConfig(
+                prompts_per_step=cfg.data.prompts_per_step, group_size=cfg.data.group_size,
+                max_new_tokens=cfg.data.max_new_tokens, temperature=cfg.generate.temperature,
+                top_k=cfg.generate.top_k, top_p=cfg.generate.top_p,
+                filter_zero_variance=cfg.data.filter_zero_variance,
+                max_oversample_rounds=cfg.pipeline.max_oversample_rounds,
+                inflight=cfg.pipeline.mode == "inflight", seed=cfg.seed,
+                prompt_format=cfg.data.prompt_format,
+            ),
+        )
+
+    def _max_prompt_len(self) -> int:
+        records = self.task.eval_records(min(64, self.cfg.data.eval_size))
+        lengths = [len(self.task.render(r, self.tokenizer, self.cfg.data.prompt_format))
+                   for r in records]
+        return int(max(lengths) * 1.5) + 8
+
+    def _rewards(self):
+        from jaxrl.rewards import LocalSandboxPool, RewardScorer
+
+        rc = self.cfg.rewards
+        spec = self.task.reward_spec(timeout_s=rc.timeout_s)
+        pool = None
+        if spec.needs_pool:
+            if rc.backend == "ray":
+                from jaxrl.rewards import RaySandboxPool
+
+                pool = RaySandboxPool(address=rc.address, tier=rc.tier,
+                                      num_workers=rc.num_workers or None)
+            else:
+                pool = LocalSandboxPool(rc.num_workers or None, tier=rc.tier)
+            self._closers.append(pool.close)
+            log.info("sandbox pool: %s backend, tier %s", rc.backend, getattr(pool, "tier", "?"))
+        scorer = RewardScorer(spec, pool=pool, num_workers=rc.scorer_workers)
+        self._closers.append(scorer.close)
+        return pool, scorer
+
+    # ---------------------------------------------------------------- pipeline callbacks
+
+    def _publish(self, params, version: int):
+        gen_params, stats = self.sync(params)
+        gen_state = nnx.state(nnx.merge(self.gen_graphdef, gen_params))
+        return gen_state, {"pipeline/weight_sync_s": stats.seconds,
+                            "pipeline/weight_sync_gbps": stats.gbps,
+                            "pipeline/weight_sync_bytes": float(stats.bytes)}
+
+    def _train(self, step: int, produced: Produced):
+        groups = produced.payload
+        batch = groups_to_batch(groups)
+        prev = self.trainer.step(batch)
+        self._data_state = produced.extra["data_state"]
+        self._tracker_state = produced.extra["tracker_state"] or self._tracker_state
+        metrics = dict(produced.extra["metrics"])
+        metrics.update(staleness_stats(groups, step))
+        metrics.update({
+            "pipeline/trainer_chips": float(self.meshes.trainer.size),
+            "pipeline/generator_chips": float(self.meshes.generator.size),
+            "pipeline/batch_size": float(produced.num_rollouts),
+            "pipeline/mode": self.cfg.pipeline.mode,
+        })
+        metrics["train/prev"] = prev
+        return metrics, self.trainer.state.params
+
+    def _evaluate(self, step: int, *, on_engine: bool) -> dict:
+        """Held-out pass@k. Before and after the pipeline the run's own engine serves it (no
+        recompilation); mid-run evaluations use a separate sampler on the trainer's params."""
+        data = self.cfg.data
+        records = self.task.eval_records(data.eval_size)
+        with self.trace.span("trainer", "evaluate", step=step):
+            if on_engine:
+                return self.producer.evaluate(records, pass_k=data.pass_k,
+                                              temperature=data.eval_temperature,
+                                              seed=self.cfg.seed + step)
+            from jaxrl.data.evaluate import evaluate
+            from jaxrl.data.sft import sft_model
+
+            model = sft_model(self.model_cfg, self.trainer.state.params)
+            return evaluate(model, self.task, self.tokenizer, self.scorer, cfg=data,
+                            records=records, seed=self.cfg.seed + step)
+
+    # ---------------------------------------------------------------- main loop
+
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        self._build()
+        total = cfg.pipeline.steps
+        logger = MetricsLogger(self.run_dir, total_steps=total, enabled=self.leader,
+                               progress=self.progress)
+        self._closers.append(logger.close)
+        eval_start = {}
+        if self.start_step == 0 and self.cfg.data.eval_size:
+            eval_start = self._evaluate(0, on_engine=True)
+            log.info("eval before RL: %s", _fmt(eval_start))
+        pending: dict[str, Any] = {}
+
+        def on_step(step: int, metrics: dict) -> None:
+            from jaxrl.data.evaluate import should_evaluate
+
+            prev = metrics.pop("train/prev")
+            if prev is not None and pending:  # trainer metrics arrive one step late
+                pending["row"].update(prev)
+                self._log(logger, pending["step"], pending["row"])
+            if self.pool is not None:
+                metrics.update(self.pool.metrics())
+            metrics.update(self.scorer.metrics())
+            metrics.update(self.prompts.metrics())
+            pending.update(step=step, row=metrics)
+            if self.ckpt.every and (step + 1) % self.ckpt.every == 0:
+                self.ckpt.maybe_save(self.trainer.state)
+            if should_evaluate(step + 1, cfg.data) and step + 1 < total:
+                metrics.update(self._evaluate(step + 1, on_engine=False))
+
+        pipeline = Pipeline(mode=cfg.pipeline.mode, max_staleness=cfg.pipeline.max_staleness,
+                            produce=self.producer.produce, train=self._train,
+                            publish=self._publish, trace=self.trace)
+        pipeline.run(start_step=self.start_step, num_steps=total,
+                     initial_params=self.trainer.state.params, on_step=on_step)
+        last = self.trainer.flush()
+        if pending:
+            if last is not None:
+                pending["row"].update(last)
+            eval_end = self._evaluate(total, on_engine=True) if cfg.data.eval_size else {}
+            pending["row"].update(eval_end)
+            self._log(logger, pending["step"], pending["row"])
+        else:
+            eval_end = {}
+        self.ckpt.save(self.trainer.state)
+        self.ckpt.wait()
+        summary = logger.summary()
+        result = RunResult(self.run_dir, total, logger.history, eval_start, eval_end, summary)
+        if self.leader:
+            self._report(result, time.perf_counter() - t_start)
+        return result
+
+    def _log(self, logger: MetricsLogger, step: int, row: dict) -> None:
+        if self.sft_metrics and step == self.start_step:
+            row.update(self.sft_metrics)
+        logger.log(step, row)
+
+    def _report(self, result: RunResult, wall_s: float) -> None:
+        self.trace.save(self.run_dir / "trace.json")
+        lines = [f"run {self.cfg.name}: {result.steps_done} steps in {wall_s:.0f}s "
+                 f"({self.cfg.pipeline.mode} mode) -> {self.run_dir}", result.summary]
+        if result.eval_start or result.eval_end:
+            a = result.eval_start.get("eval/pass@1", float("nan"))
+            b = result.eval_end.get("eval/pass@1", float("nan"))
+            lines.append(f"held-out pass@1: {a:.3f} before RL -> {b:.3f} after")
+        try:
+            from jaxrl.planner.cli import format_recommendation
+            from jaxrl.planner.measured import from_measured, read_run
+
+            rec = from_measured(read_run(self.run_dir))
+            lines.append("planner, from this run's measured rates "
+                         f"(python launch/plan.py --from-run {self.run_dir}):\n"
+                         + format_recommendation(rec))
+        except Exception as e:  # noqa: BLE001 - advice only; never fail a finished run
+            log.debug("planner feedback unavailable: %s", e)
+        print("\n".join(lines), flush=True)
+
+    def close(self) -> None:
+        self.trace.save(self.run_dir / "trace.json") if self.leader else None
+        for close in reversed(self._closers):
+            try:
+                close()
+            except Exception as e:  # noqa: BLE001 - keep closing the rest
+                log.warning("error while shutting down: %s", e)
+        self._closers.clear()
+
+
+def _pure_shardings(abstract_state, mesh):
+    from jaxrl.sharding import state_shardings
+
+    shardings = state_shardings(abstract_state, mesh, "generator")
+    flat = dict(shardings.flat_state())
+    out: dict = {}
+    for path, sharding in flat.items():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = sharding
+    return out
+
+
+def _bucket(n: int) -> int:
+    size = 16
+    while size < n:
+        size *= 2
+    return size
+
+
+def _fmt(metrics: dict) -> str:
+    return ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())
+                     if isinstance(v, float) and np.isfinite(v))
+
+
+def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> RunResult:
+    """Run one experiment; resources are released however it ends."""
+    runner = Run(cfg, resume=resume, progress=progress)
+    try:
+        return runner.run()
+    finally:
+        runner.close()
