@@ -229,7 +229,7 @@ class Efficiency:
     decode_bw_eff: float = 0.60
     decode_mfu: float = 0.30
     sync_bw_eff: float = 0.50
-    sync_latency_s: float = 0.5
+    sync_latency_s: float = 0.05
     kv_mem_frac: float = 0.90
     max_slots: int = 256
     gen_bytes_per_param: float = 2.0
@@ -279,9 +279,9 @@ MODELS: Mapping[str, ModelSpec] = {
         ModelSpec("qwen2.5-0.5b", 0.494e9, 0.494e9, layers=24, hidden=896, heads=14,
                   kv_heads=2, head_dim=64, vocab=151936,
                   source="Qwen/Qwen2.5-0.5B config.json"),
-        # Placeholder for jaxrl's default CPU experiment; align with configs/ once it lands.
-        ModelSpec("tiny", 1.2e6, 1.2e6, layers=4, hidden=128, heads=4, kv_heads=2, head_dim=32,
-                  vocab=512, source="jaxrl test-sized model (placeholder)"),
+        # jaxrl's default experiment (configs/default.py); a test keeps it in step.
+        ModelSpec("tiny", 82240, 82240, layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16,
+                  vocab=128, source="jaxrl.config.ModelConfig defaults (configs/default.py)"),
     )
 }
 

@@ -207,3 +207,12 @@ def test_from_measured_missing_keys_are_named(tmp_path):
     assert {c.rates.mode for c in rec.candidates} == {"async"}  # no batch size: own mode only
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         read_run(tmp_path / "nothing")
+
+
+def test_tiny_preset_matches_the_default_experiment_model():
+    config = pytest.importorskip("jaxrl.config")
+    m, ref = get_model("tiny"), config.ModelConfig()
+    assert m.total_params == ref.num_params()
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.vocab) == (
+        ref.num_layers, ref.hidden_size, ref.num_heads, ref.num_kv_heads, ref.head_size,
+        ref.vocab_size)
