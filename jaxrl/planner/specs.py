@@ -279,9 +279,9 @@ MODELS: Mapping[str, ModelSpec] = {
         ModelSpec("qwen2.5-0.5b", 0.494e9, 0.494e9, layers=24, hidden=896, heads=14,
                   kv_heads=2, head_dim=64, vocab=151936,
                   source="Qwen/Qwen2.5-0.5B config.json"),
-        # jaxrl's default experiment (configs/default.py); a test keeps it in step.
-        ModelSpec("tiny", 82240, 82240, layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16,
-                  vocab=128, source="jaxrl.config.ModelConfig defaults (configs/default.py)"),
+        # The model of jaxrl's default experiment; a test keeps it in step.
+        ModelSpec("tiny", 804992, 804992, layers=4, hidden=128, heads=4, kv_heads=2, head_dim=32,
+                  vocab=128, source="configs/default.py (jaxrl's default CPU experiment)"),
     )
 }
 

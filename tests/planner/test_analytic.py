@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -211,8 +212,9 @@ def test_from_measured_missing_keys_are_named(tmp_path):
 
 def test_tiny_preset_matches_the_default_experiment_model():
     config = pytest.importorskip("jaxrl.config")
-    m, ref = get_model("tiny"), config.ModelConfig()
-    assert m.total_params == ref.num_params()
+    root = Path(__file__).resolve().parents[2]
+    m, ref = get_model("tiny"), config.load_config(root / "configs" / "default.py").model
+    assert m.total_params == ref.num_params(), "update the 'tiny' preset in jaxrl/planner/specs.py"
     assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.vocab) == (
         ref.num_layers, ref.hidden_size, ref.num_heads, ref.num_kv_heads, ref.head_size,
         ref.vocab_size)
