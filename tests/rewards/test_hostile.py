@@ -14,8 +14,10 @@ import collections
 import os
 import re
 import secrets
+import shutil
 import socket
 import stat
+import subprocess
 import textwrap
 import threading
 import time
@@ -32,8 +34,11 @@ SECRET_ENV = "JAXRL_HOSTILE_TEST_SECRET"
 # --- fixtures and helpers ------------------------------------------------------------------------
 
 
-def _make_pool(tier: str) -> LocalSandboxPool:
-    return LocalSandboxPool(num_workers=2, tier=tier)
+def _user_namespaces_work() -> bool | None:
+    """Whether this machine lets a process create a user namespace (None: cannot tell)."""
+    if shutil.which("unshare") is None:
+        return None
+    return subprocess.run(["unshare", "--user", "true"], capture_output=True).returncode == 0
 
 
 @pytest.fixture(scope="module", params=["A", "B"])
@@ -41,17 +46,16 @@ def pool(request):
     tier = request.param
     os.environ[SECRET_ENV] = SECRET  # the launcher's environment holds a secret
     try:
-        try:
-            p = _make_pool(tier)
-        except Exception as e:  # noqa: BLE001
-            if tier == "A" and "namespace" in str(e).lower():
-                pytest.skip(f"tier A unavailable on this machine: {e}")
-            raise
+        p = LocalSandboxPool(num_workers=2, tier=tier)
+    except RuntimeError as e:
+        if tier == "A" and _user_namespaces_work() is not True:
+            pytest.skip(f"tier A unavailable (no user namespaces on this machine): {e}")
+        raise  # tier B must always start; tier A must start wherever user namespaces work
     finally:
         del os.environ[SECRET_ENV]
     with p:
         assert p.tier == tier, f"asked for tier {tier}, pool runs tier {p.tier}"
-        print(f"\nsandbox tier {p.tier}")
+        print(f"\nsandbox tier {p.tier}: {p.tier_detail}")
         yield p
 
 
@@ -609,6 +613,106 @@ def test_host_files_are_invisible_in_tier_a(pool):
         os.unlink(path)
     for p in (path, repo, __file__, "/etc/passwd", "/home", "/var/log"):
         assert f"{p} False" in res.stdout, res.stdout
+
+
+def test_files_in_world_writable_subdirs_do_not_persist(pool):
+    # e.g. Ray creates 0777 dirs under /tmp/ray/session_*/; the sweep must reach into them too.
+    shared = f"/tmp/jaxrl-hostile-ww-{secrets.token_hex(4)}"
+    os.mkdir(shared)
+    os.chmod(shared, 0o777)
+    try:
+        res = run_hostile(
+            pool,
+            f"""
+            try:
+                with open("{shared}/planted.py", "w") as f:
+                    f.write("import os  # planted by a sandboxed job")
+                print("planted")
+            except OSError as e:
+                print("denied", e.errno)
+            """,
+        )
+        persisted = os.path.exists(f"{shared}/planted.py")
+    finally:
+        shutil.rmtree(shared)
+    if persisted and pool.tier == "B":
+        pytest.xfail(
+            "pool bug (tier B): a job's file in a world-writable subdirectory of /tmp "
+            "outlives the job; the sweep only removes top-level entries of /tmp, /var/tmp, "
+            f"/dev/shm owned by the slot uid ({res.stdout.strip()})"
+        )
+    assert not persisted
+
+
+def _sysv_ipc_of(uids: set[int]) -> list[str]:
+    rows = []
+    for kind in ("shm", "msg", "sem"):
+        with open(f"/proc/sysvipc/{kind}") as f:
+            lines = f.read().splitlines()
+        head = lines[0].split()
+        for line in lines[1:]:
+            row = dict(zip(head, line.split(), strict=False))
+            if int(row["uid"]) in uids:
+                rows.append(f"{kind} id={row.get('shmid', row.get('msqid', row.get('semid')))}")
+    return rows
+
+
+IPC_JOB = """
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    shmid = libc.shmget(0, 32 << 20, 0o1000 | 0o600)  # IPC_PRIVATE | IPC_CREAT, 32 MiB
+    if shmid >= 0:
+        addr = libc.shmat(shmid, None, 0)
+        if addr and addr != ctypes.c_void_p(-1).value:
+            ctypes.memset(addr, 7, 32 << 20)
+            ctypes.memmove(addr, b"JOB-ONE-DATA", 12)
+            libc.shmdt(ctypes.c_void_p(addr))
+    msqid = libc.msgget(0, 0o1000 | 0o600)
+    semid = libc.semget(0, 1, 0o1000 | 0o600)
+    print("created", shmid, msqid, semid)
+"""
+
+IPC_PROBE = """
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    for kind in ("shm", "msg", "sem"):
+        lines = open("/proc/sysvipc/" + kind).read().splitlines()[1:]
+        print(kind, "objects", len(lines))
+    for shmid in range(4):
+        addr = libc.shmat(shmid, None, 0o10000)  # SHM_RDONLY
+        if addr and addr != ctypes.c_void_p(-1).value:
+            print("read", ctypes.string_at(addr, 12))
+"""
+
+
+def test_ipc_objects_do_not_outlive_the_job(pool):
+    uids = set(pool.slot_uids)
+    before = set(_sysv_ipc_of(uids))
+    leaked_host: list[str] = []
+    try:
+        res = run_hostile(pool, IPC_JOB, memory_mb=256)
+        assert res.status == "ok", res
+        leaked_host = sorted(set(_sysv_ipc_of(uids)) - before)
+        probes = pool.run([SandboxJob(code=textwrap.dedent(IPC_PROBE))] * pool.num_workers)
+        seen = [r.stdout for r in probes]
+    finally:
+        for row in _sysv_ipc_of(uids):  # leave the host clean whatever happened
+            kind, ident = row.split(" id=")
+            flag = {"shm": "-m", "msg": "-q", "sem": "-s"}[kind]
+            subprocess.run(["ipcrm", flag, ident], capture_output=True)
+    leaked_ns = [out for out in seen if "JOB-ONE-DATA" in out or re.search(r"objects [1-9]", out)]
+    problems = []
+    if leaked_host:
+        problems.append(f"SysV IPC objects outlived the job on the host: {leaked_host}")
+    if leaked_ns:
+        problems.append(f"a later job saw an earlier job's SysV IPC objects: {leaked_ns}")
+    if problems:
+        pytest.xfail(
+            f"pool bug (tier {pool.tier}): " + "; ".join(problems) + " (shmget/msgget/semget "
+            "are allowed and nothing removes IPC objects after a job)"
+        )
 
 
 # --- privileges ---------------------------------------------------------------------------------
