@@ -45,6 +45,7 @@ PREIMPORT = ("math", "re", "json", "collections", "itertools", "functools", "hea
              "string", "random", "ast", "fractions", "decimal", "statistics", "typing")
 MAX_CODE_BYTES = 4 << 20
 MAX_OUTPUT_CAP = 64 << 20
+TMP_MB, SHM_MB = 256, 64  # private /tmp (job dir included) and /dev/shm per slot; count as memory
 _READY_TIMEOUT_S = 20.0
 _REPLY_GRACE_S = 10.0  # beyond the job's timeout: the zygote's own kill + sweep is bounded by ~5 s
 
@@ -101,7 +102,7 @@ def make_plan(tier: str) -> TierPlan:
         job_base = tempfile.mkdtemp(prefix="jaxrl-sandbox-", dir=base)
         os.chmod(job_base, 0o711)  # the slot uids only need to pass through
         how = "per-slot uid, " if root else "no uid switch (not root), "
-        return TierPlan("B", f"tier B: {how}rlimits, seccomp, no namespaces", root=root,
+        return TierPlan("B", f"tier B: {how}rlimits, seccomp, no user namespaces", root=root,
                         job_base=job_base)
     bwrap = find_bwrap()
     if bwrap is None:
@@ -140,7 +141,8 @@ def zygote_command(plan: TierPlan, uid: int | None) -> tuple[list[str], dict]:
         cfg.update(jobdir=os.path.join(plan.job_base, f"job-{owner}-{threading.get_ident()}"),
                    allow_unix_sockets=False)
         if uid is not None:
-            cfg.update(uid=uid, gid=uid, nproc=256, sweep_owned=["/tmp", "/var/tmp", "/dev/shm"])
+            cfg.update(uid=uid, gid=uid, nproc=256, sweep_owned=["/tmp", "/var/tmp", "/dev/shm"],
+                       private_mounts=dict(tmp_mb=TMP_MB, shm_mb=SHM_MB))
             if not _others_can_read(prefix):
                 cfg["prefix_fd_path"] = prefix
         return py + [json.dumps(cfg)], dict(env={})
@@ -158,8 +160,9 @@ def zygote_command(plan: TierPlan, uid: int | None) -> tuple[list[str], dict]:
         argv += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     for src_path, dst in plan.binds:
         argv += ["--ro-bind", src_path, dst]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(256 << 20), "--tmpfs", "/tmp",
-             "--size", str(64 << 20), "--tmpfs", "/dev/shm", "--remount-ro", "/", "--chdir", "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(TMP_MB << 20), "--tmpfs", "/tmp",
+             "--size", str(SHM_MB << 20), "--tmpfs", "/dev/shm", "--remount-ro", "/",
+             "--chdir", "/tmp"]
     argv += py + [json.dumps(cfg)]
     if uid is None:
         return argv, dict(env={})

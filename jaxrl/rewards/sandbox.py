@@ -74,7 +74,9 @@ _DENY_NRS = {  # syscall numbers denied with EPERM, per arch
         init_module=175, finit_module=313, delete_module=176, kexec_load=246, kexec_file_load=320,
         open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
         mount_setattr=442, acct=163, swapon=167, swapoff=168, reboot=169, sethostname=170,
-        setdomainname=171, iopl=172, ioperm=173,
+        setdomainname=171, iopl=172, ioperm=173, shmget=29, shmat=30, shmctl=31, semget=64,
+        semop=65, semctl=66, shmdt=67, msgget=68, msgsnd=69, msgrcv=70, msgctl=71,
+        semtimedop=220, mq_open=240,
     ),
     "aarch64": dict(
         ptrace=117, process_vm_readv=270, process_vm_writev=271, mount=40, umount2=39,
@@ -84,6 +86,8 @@ _DENY_NRS = {  # syscall numbers denied with EPERM, per arch
         finit_module=273, delete_module=106, kexec_load=104, kexec_file_load=294, open_tree=428,
         move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433, mount_setattr=442,
         acct=89, swapon=224, swapoff=225, reboot=142, sethostname=161, setdomainname=162,
+        msgget=186, msgctl=187, msgrcv=188, msgsnd=189, semget=190, semctl=191, semtimedop=192,
+        semop=193, shmget=194, shmctl=195, shmat=196, shmdt=197, mq_open=180,
     ),
 }
 _SOCKET_NR = {"x86_64": 41, "aarch64": 198}
@@ -155,6 +159,39 @@ def apply_seccomp(allow_unix_sockets: bool) -> str:
     return f"seccomp({len(prog) // 8} insns)"
 
 
+def private_mounts(tmp_mb: int, shm_mb: int) -> None:
+    """Root without user namespaces: a private mount namespace where every host filesystem is
+    read-only and /tmp, /var/tmp, /dev/shm are fresh size-capped tmpfs (so a job can neither
+    leave files on the host nor see another slot's)."""
+    ctypes, libc = _libc()
+
+    def check(rc, what):
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    check(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
+    check(libc.mount(None, b"/", None, 0x4000 | 0x40000, None), "make / private")
+    keep = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
+            "relatime": 1 << 21}
+    with open("/proc/self/mountinfo") as f:
+        rows = [line.split() for line in f]
+    for row in rows:
+        point = row[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        if point.startswith(("/proc", "/sys", "/dev")):
+            continue
+        flags = 1 | 32 | 4096  # MS_RDONLY | MS_REMOUNT | MS_BIND, keeping the mount's own flags
+        flags |= sum(v for k, v in keep.items() if k in row[5].split(","))
+        libc.mount(None, point.encode(), None, flags, None)  # best effort per mount
+    with open("/proc/self/mountinfo") as f:
+        if not any(r.split()[4] == "/" and "ro" in r.split()[5].split(",") for r in f):
+            raise OSError(30, "could not make / read-only")
+    for d, mb in (("/tmp", tmp_mb), ("/var/tmp", tmp_mb), ("/dev/shm", shm_mb)):
+        if os.path.isdir(d):
+            check(libc.mount(b"tmpfs", d.encode(), b"tmpfs", 2 | 4,
+                             f"size={mb}m,mode=1777".encode()), f"tmpfs on {d}")
+
+
 def _prctl(option: int, arg: int) -> None:
     ctypes, libc = _libc()
     if libc.prctl(option, arg, 0, 0, 0) != 0:
@@ -196,6 +233,14 @@ class Zygote:
         if os.getppid() == 1 and not self.pid1:
             os._exit(3)  # the pool died before we set the death signal
         _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of a job come back to us
+        if cfg.get("private_mounts"):  # tier B as root: before seccomp, which denies mount
+            try:
+                private_mounts(**cfg["private_mounts"])
+                cfg.update(jobdir="/tmp/job", wipe=["/tmp", "/var/tmp", "/dev/shm"],
+                           sweep_owned=[])
+                self.notes.append("private mount namespace: host read-only, own /tmp, /dev/shm")
+            except OSError as e:
+                self.notes.append(f"no private mounts ({e}): sweeping /tmp, /var/tmp, /dev/shm")
         _prctl(4, 0)  # not dumpable: jobs (same uid in tier A) cannot ptrace or read /proc/1/mem
         if cfg.get("seccomp", True):
             try:

@@ -57,24 +57,38 @@ def _uid_processes(uids) -> list[int]:
 
 
 def test_ok_stdout_stdin_files(pool):
-    r = _one(pool, code="import sys\nprint(sys.stdin.read().upper(), open('d/in.txt').read())",
-             stdin="hello", files={"d/in.txt": "from file", "b.bin": b"\x00\x01"})
+    r = _one(
+        pool,
+        code="import sys\nprint(sys.stdin.read().upper(), open('d/in.txt').read())",
+        stdin="hello",
+        files={"d/in.txt": "from file", "b.bin": b"\x00\x01"},
+    )
     assert r.status == "ok" and r.exit_code == 0, r
     assert r.stdout == "HELLO from file\n"
     assert r.wall_s >= 0 and r.queue_s >= 0 and r.start_s >= 0
 
 
 def test_error_exit_and_exception(pool):
-    r1, r2, r3 = pool.run([SandboxJob(code="raise ValueError('boom')"),
-                           SandboxJob(code="import sys; print('x'); sys.exit(3)"),
-                           SandboxJob(code="def f(:\n  pass")])
+    r1, r2, r3 = pool.run(
+        [
+            SandboxJob(code="raise ValueError('boom')"),
+            SandboxJob(code="import sys; print('x'); sys.exit(3)"),
+            SandboxJob(code="def f(:\n  pass"),
+        ]
+    )
     assert r1.status == "error" and r1.exit_code == 1 and "ValueError: boom" in r1.stderr
     assert r2.status == "error" and r2.exit_code == 3 and r2.stdout == "x\n"
     assert r3.status == "error" and "SyntaxError" in r3.stderr
 
 
-@pytest.mark.parametrize("code", ["while True: pass", "import time; time.sleep(60)",
-                                  "import os, time\nif os.fork() == 0: time.sleep(60)\nos.wait()"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "while True: pass",
+        "import time; time.sleep(60)",
+        "import os, time\nif os.fork() == 0: time.sleep(60)\nos.wait()",
+    ],
+)
 def test_timeout_cpu_and_sleep(pool, code):
     t0 = time.monotonic()
     r = _one(pool, code=code, timeout_s=0.5)
@@ -94,31 +108,43 @@ def test_output_limit(pool):
     r = _one(pool, code="while True: print('y' * 1000)", max_output_bytes=10_000, timeout_s=5)
     assert r.status == "output_limit", r
     assert len(r.stdout) <= 10_000 and time.monotonic() - t0 < 4.0
-    r = _one(pool, code="import sys\nwhile True: sys.stderr.write('e' * 1000)",
-             max_output_bytes=10_000, timeout_s=5)
+    r = _one(
+        pool,
+        code="import sys\nwhile True: sys.stderr.write('e' * 1000)",
+        max_output_bytes=10_000,
+        timeout_s=5,
+    )
     assert r.status == "output_limit" and len(r.stderr) <= 10_000
 
 
 def test_job_dir_private_and_wiped(pool):
-    r = _one(pool, code="import os, tempfile\nprint(sorted(os.listdir('.')))\n"
-                        "open('left.txt', 'w').write('x')\n"
-                        "open(os.path.join(tempfile.gettempdir(), 'tmp_left.txt'), 'w').write('x')")
+    r = _one(
+        pool,
+        code="import os, tempfile\nprint(sorted(os.listdir('.')))\n"
+        "open('left.txt', 'w').write('x')\n"
+        "open(os.path.join(tempfile.gettempdir(), 'tmp_left.txt'), 'w').write('x')",
+    )
     assert r.status == "ok" and r.stdout == "[]\n", r
     for _ in range(2 * pool.num_workers):  # whichever slot runs it, nothing is left
-        r = _one(pool, code="import os, tempfile\n"
-                            "print(sorted(os.listdir('.')), "
-                            "os.path.exists(os.path.join(tempfile.gettempdir(), 'tmp_left.txt')))")
+        r = _one(
+            pool,
+            code="import os, tempfile\n"
+            "print(sorted(os.listdir('.')), "
+            "os.path.exists(os.path.join(tempfile.gettempdir(), 'tmp_left.txt')))",
+        )
         assert r.stdout == "[] False\n", r
 
 
 def test_leftover_processes_killed(pool):
-    code = ("import os, time\n"
-            "if os.fork() == 0:\n"
-            "    os.setsid()\n"
-            "    if os.fork() == 0:\n"
-            "        time.sleep(60)\n"
-            "    os._exit(0)\n"
-            "print(os.getpid())\n")
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print(os.getpid())\n"
+    )
     r = _one(pool, code=code, timeout_s=5)
     assert r.status == "ok", r
     if pool.slot_uids:  # seen from the host: no process of a slot uid but the tier-A zygotes
@@ -126,16 +152,21 @@ def test_leftover_processes_killed(pool):
         allowed = {pid for s in pool._slots for pid in s.zygote_pids()}
         assert set(_uid_processes(set(pool.slot_uids))) <= allowed
     if pool.tier == "A":  # seen from inside: only PID 1 (the zygote) and the job itself
-        r = _one(pool, code="import os\nprint(sorted(int(p) for p in os.listdir('/proc') "
-                            "if p.isdigit()) == sorted({1, os.getpid()}))")
+        r = _one(
+            pool,
+            code="import os\nprint(sorted(int(p) for p in os.listdir('/proc') "
+            "if p.isdigit()) == sorted({1, os.getpid()}))",
+        )
         assert r.stdout == "True\n", r
 
 
 def test_network_denied(pool):
-    code = ("import socket\n"
-            "s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
-            "s.settimeout(1)\n"
-            "s.connect(('127.0.0.1', 9))\n")
+    code = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+        "s.settimeout(1)\n"
+        "s.connect(('127.0.0.1', 9))\n"
+    )
     r = _one(pool, code=code, timeout_s=5)
     assert r.status == "error" and ("PermissionError" in r.stderr or "refused" in r.stderr), r
 
@@ -152,11 +183,13 @@ def test_tier_a_namespaces():
     if why := _tier_a_reason():
         pytest.skip(f"tier A (user namespaces via bwrap) unavailable here: {why}")
     with LocalSandboxPool(num_workers=1, tier="A") as pool:
-        code = ("import os, socket\n"
-                "print(socket.gethostname(), os.getppid(), sorted(os.listdir('/')))\n"
-                "try:\n    open('/usr/x', 'w')\nexcept OSError as e:\n    print(type(e).__name__)\n"
-                "try:\n    open('/proc/1/environ').read()\nexcept OSError as e:\n"
-                "    print(type(e).__name__)\n")
+        code = (
+            "import os, socket\n"
+            "print(socket.gethostname(), os.getppid(), sorted(os.listdir('/')))\n"
+            "try:\n    open('/usr/x', 'w')\nexcept OSError as e:\n    print(type(e).__name__)\n"
+            "try:\n    open('/proc/1/environ').read()\nexcept OSError as e:\n"
+            "    print(type(e).__name__)\n"
+        )
         r = _one(pool, code=code)
         assert r.status == "ok", r
         lines = r.stdout.splitlines()
@@ -176,8 +209,12 @@ def test_crashed_worker_is_replaced():
 
 
 def test_submit_future_and_order(pool):
-    fut = pool.submit([SandboxJob(code=f"import time; time.sleep({0.05 * (i % 3)}); print({i})")
-                       for i in range(8)])
+    fut = pool.submit(
+        [
+            SandboxJob(code=f"import time; time.sleep({0.05 * (i % 3)}); print({i})")
+            for i in range(8)
+        ]
+    )
     assert isinstance(fut, concurrent.futures.Future)
     rs = fut.result(timeout=30)
     assert [r.stdout for r in rs] == [f"{i}\n" for i in range(8)]
@@ -190,8 +227,11 @@ def test_stats(pool):
     assert st["tier"] == pool.tier and st["workers"] == pool.num_workers
     for key in ("queue_wait_s_p50", "exec_s_p50", "start_s_p50", "timeouts", "restarts", "jobs"):
         assert key in st
-    assert set(pool.metrics()) == {"sandbox/queue_wait_s_p50", "sandbox/exec_s_p50",
-                                   "sandbox/timeouts"}
+    assert set(pool.metrics()) == {
+        "sandbox/queue_wait_s_p50",
+        "sandbox/exec_s_p50",
+        "sandbox/timeouts",
+    }
 
 
 def test_close_leaves_no_processes():
