@@ -38,6 +38,7 @@ from jaxrl.rewards.workers import KillableWorkers, RewardTimeout
 
 log = logging.getLogger(__name__)
 
+_LOG_PER_BATCH = 3  # failures logged one by one per term and batch; the rest are summarised
 RewardFn = Callable[..., float]
 BatchFn = Callable[..., list]
 
@@ -246,12 +247,20 @@ class RewardScorer:
                     vals.append(_as_score(v))
                 except RewardTimeout as e:
                     n_to += 1
-                    self._log(term.name, k, e)
+                    self._log(term.name, k, e, n_err + n_to)
                     vals.append(0.0)
                 except Exception as e:  # noqa: BLE001 - a failing reward scores 0, counted
                     n_err += 1
-                    self._log(term.name, k, e)
+                    self._log(term.name, k, e, n_err + n_to)
                     vals.append(0.0)
+            if n_err + n_to > _LOG_PER_BATCH:
+                log.warning(
+                    "reward %r: %d errors and %d timeouts in a batch of %d (scored 0)",
+                    term.name,
+                    n_err,
+                    n_to,
+                    len(items),
+                )
             components[term.name] = vals
             errors[term.name], timeouts[term.name] = n_err, n_to
             total = [t + term.weight * v for t, v in zip(total, vals, strict=True)]
@@ -291,17 +300,15 @@ class RewardScorer:
         except Exception as e:  # noqa: BLE001 - the whole term failed: every item scores 0
             return [e] * len(items)
 
-    def _log(self, name: str, index: int, err: BaseException) -> None:
-        count = self.error_counts[name] + self.timeout_counts[name]
-        level = logging.WARNING if count < 20 or count % 1000 == 0 else logging.DEBUG
-        log.log(
-            level,
-            "reward %r failed on item %d (scored 0): %s: %s",
-            name,
-            index,
-            type(err).__name__,
-            str(err)[:300],
-        )
+    def _log(self, name: str, index: int, err: BaseException, nth_in_batch: int) -> None:
+        if nth_in_batch <= _LOG_PER_BATCH:  # the rest of the batch goes into one summary line
+            log.warning(
+                "reward %r failed on item %d (scored 0): %s: %s",
+                name,
+                index,
+                type(err).__name__,
+                str(err)[:300],
+            )
 
     def metrics(self) -> dict[str, float]:
         """Cumulative counters since construction, for the metrics stream."""

@@ -8,26 +8,36 @@ is SIGKILLed and a fresh one starts in its place. Workers also run under an addr
     with KillableWorkers(num_workers=2) as workers:
         outs = workers.map(fn, [(a1,), (a2,)], timeout_s=5.0)   # each: value, or a WorkerError
 
-`fn` is pickled by reference, so it must be a module-level function (or a `functools.partial` of
-one). Results come back in input order; a timed-out or crashed call yields a `RewardTimeout` or
+`fn` is pickled by reference, so it must be a module-level function of an importable module (or a
+`functools.partial` of one). Workers are fresh interpreters started with `python -c` and this
+process's `sys.path`; unlike multiprocessing's spawn/forkserver they never re-import `__main__`
+(which would fail for `python -`, and would import jax for a training script).
+
+Results come back in input order; a timed-out or crashed call yields a `RewardTimeout` or
 `WorkerError` instance in its place instead of raising, so one bad item never fails the batch.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import importlib
 import logging
-import multiprocessing as mp
 import multiprocessing.connection as mp_connection
+import os
+import pickle
+import socket
+import subprocess
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-_START_METHODS = ("forkserver", "spawn", "fork")
+_ENTRY = "from jaxrl.rewards.workers import _worker_entry; _worker_entry()"
 
 
 class WorkerError(Exception):
@@ -38,13 +48,23 @@ class RewardTimeout(WorkerError):
     """A reward call ran past its deadline; its worker was killed."""
 
 
-def _worker_main(conn, memory_mb: int | None, preload: tuple[str, ...]) -> None:
-    if memory_mb:
+def _worker_entry() -> None:
+    """Worker process body: `python -c <_ENTRY> <fd> <memory_mb> <preload,...>`."""
+    fd, memory_mb, preload = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    conn = mp_connection.Connection(fd)
+    parent = os.getppid()
+
+    def orphan_watch() -> None:  # a busy worker must not outlive its parent
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=orphan_watch, daemon=True).start()
+    if memory_mb > 0:
         import resource
 
-        limit = int(memory_mb) << 20
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    for name in preload:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+    for name in filter(None, preload.split(",")):
         try:
             importlib.import_module(name)
         except Exception:  # a missing optional module must not kill the worker
@@ -52,13 +72,14 @@ def _worker_main(conn, memory_mb: int | None, preload: tuple[str, ...]) -> None:
     conn.send(("ready", None))
     while True:
         try:
-            msg = conn.recv()
+            raw = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        if msg is None:
-            return
-        fn, args = msg
         try:
+            msg = pickle.loads(raw)
+            if msg is None:
+                return
+            fn, args = msg
             out = ("ok", fn(*args))
         except BaseException as e:  # noqa: BLE001 - everything is reported, nothing escapes
             out = ("err", f"{type(e).__name__}: {e}"[:1000])
@@ -66,6 +87,15 @@ def _worker_main(conn, memory_mb: int | None, preload: tuple[str, ...]) -> None:
             conn.send(out)
         except Exception as e:  # e.g. an unpicklable result
             conn.send(("err", f"result could not be sent back: {type(e).__name__}: {e}"[:1000]))
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for workers in list(_LIVE):
+        workers.close()
 
 
 class _Slot:
@@ -87,7 +117,6 @@ class KillableWorkers:
       memory_mb: RLIMIT_AS of each worker (None: no limit).
       preload: modules each worker imports before taking work (e.g. "sympy"), so their import
         time never counts against a call's deadline.
-      start_method: one of "forkserver" (default), "spawn", "fork".
       start_timeout_s: how long a worker may take to start and preload.
     """
 
@@ -97,24 +126,21 @@ class KillableWorkers:
         *,
         memory_mb: int | None = 2048,
         preload: Sequence[str] = (),
-        start_method: str = "forkserver",
         start_timeout_s: float = 60.0,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
-        if start_method not in _START_METHODS:
-            raise ValueError(f"start_method must be one of {_START_METHODS}, got {start_method!r}")
         self.num_workers = int(num_workers)
         self.memory_mb = memory_mb
         self.preload = tuple(preload)
         self.start_timeout_s = float(start_timeout_s)
-        self._ctx = mp.get_context(start_method)
         self._slots: list[_Slot | None] = [None] * self.num_workers
         self._lock = threading.Lock()
         self._closed = False
         self.timeouts = 0  # calls killed on their deadline
         self.crashes = 0  # workers that died during a call (segfault, OOM kill, ...)
         self.starts = 0  # worker processes started (first ones and replacements)
+        _LIVE.add(self)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -125,16 +151,27 @@ class KillableWorkers:
         self.close()
 
     def _start(self, i: int) -> _Slot:
-        parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(
-            target=_worker_main,
-            args=(child, self.memory_mb, self.preload),
-            name=f"jaxrl-reward-worker-{i}",
-            daemon=True,
-        )
-        proc.start()
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        try:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _ENTRY,
+                    str(child.fileno()),
+                    str(self.memory_mb or 0),
+                    ",".join(self.preload),
+                ],
+                pass_fds=(child.fileno(),),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            child.close()
         self.starts += 1
-        child.close()
+        parent = mp_connection.Connection(parent.detach())
         slot = _Slot(proc, parent)
         self._slots[i] = slot
         return slot
@@ -145,7 +182,10 @@ class KillableWorkers:
         if slot is None:
             return
         slot.proc.kill()
-        slot.proc.join(timeout=10)
+        try:
+            slot.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("reward worker %d ignored SIGKILL", slot.proc.pid)
         slot.conn.close()
 
     def close(self) -> None:
@@ -159,12 +199,15 @@ class KillableWorkers:
                     slot.conn.send(None)
                 except OSError:
                     pass
-                slot.proc.join(timeout=1)
+                try:
+                    slot.proc.wait(timeout=1)
+                except subprocess.TimeoutExpired:
+                    pass
                 self._kill(i)
 
     def pids(self) -> list[int]:
         """Pids of the live workers (for tests and metrics)."""
-        return [s.proc.pid for s in self._slots if s is not None and s.proc.pid is not None]
+        return [s.proc.pid for s in self._slots if s is not None]
 
     # -- work -----------------------------------------------------------------------------------
 
@@ -221,8 +264,10 @@ class KillableWorkers:
                 try:
                     kind, value = conn.recv()
                 except (EOFError, OSError):
-                    slot.proc.join(timeout=1)
-                    code = slot.proc.exitcode
+                    try:
+                        code = slot.proc.wait(timeout=1)
+                    except subprocess.TimeoutExpired:
+                        code = None
                     if slot.state == "busy":
                         self.crashes += 1
                         results[slot.index] = WorkerError(f"worker died (exit code {code})")

@@ -251,6 +251,17 @@ def test_spec_validation():
         RewardScorer(RewardSpec.from_weights({"code_tests": 1.0}))
 
 
+def _modules_in_worker():
+    import sys
+
+    return "jax" in sys.modules, "sympy" in sys.modules
+
+
+def test_workers_are_light_and_preloaded(workers):
+    # Fresh interpreters: no jax (the test process has it), sympy preloaded before any call.
+    assert workers.map(_modules_in_worker, [()], timeout_s=10) == [(False, True)]
+
+
 def test_killable_workers_recover_from_crash_and_memory(workers):
     import os
 
