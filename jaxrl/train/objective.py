@@ -1,0 +1,153 @@
+"""The training objective: composes the registered pieces of `algorithms` as `TrainConfig` says.
+
+    adv_B              = advantage(rewards_B + overlong_penalty(|y|), groups)
+    (w_BT, mask_BT)    = correction(pi_old, mu, loss_mask)            (w = 1 without correction)
+    l_BT               = sg(w_BT) * policy_loss(logp, pi_old, adv, mask)
+                         + kl_coef * KL_k(pi, pi_ref)
+    loss               = aggregation(l_BT, mask_BT)    (normalised by WHOLE-batch counts)
+
+Batch-global quantities (advantages, the M2PO mask, the normalisers) come from `prepare_targets`
+on the full batch; `policy_objective` then runs per micro-batch, so summing its loss over
+micro-batches gives the full-batch loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl.train import algorithms as A
+from jaxrl.train.batch import Batch
+from jaxrl.train.config import TrainConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """Per-batch quantities computed once on the full batch (all traced arrays)."""
+
+    adv_B: jax.Array
+    mask_BT: jax.Array  # loss mask after batch-global masking (M2PO)
+    num_tokens: jax.Array
+    num_seqs: jax.Array
+
+
+def check_batch_for(cfg: TrainConfig, batch: Batch) -> None:
+    """Fail early (host side, at trace time) when the batch lacks what the config needs."""
+    if cfg.needs_behaviour and batch.behaviour_logprobs is None:
+        raise ValueError(
+            f"train.correction={cfg.correction!r} needs the generator's behaviour logprobs, but "
+            "batch.behaviour_logprobs is None; have the generator return them or set "
+            "train.correction='none'"
+        )
+    if cfg.needs_proximal and batch.proximal_logprobs is None:
+        raise ValueError(
+            f"train.correction={cfg.correction!r} needs batch.proximal_logprobs (pi_old recomputed "
+            "by the trainer); call Trainer.prepare(batch) first"
+        )
+    if cfg.kl_coef > 0 and batch.ref_logprobs is None:
+        raise ValueError(
+            f"train.kl_coef={cfg.kl_coef} needs batch.ref_logprobs; call Trainer.prepare(batch) "
+            "with a reference model, or set train.kl_coef=0"
+        )
+
+
+def prepare_targets(cfg: TrainConfig, batch: Batch) -> tuple[Targets, dict]:
+    valid_B = jnp.any(batch.segment_ids > 0, axis=-1).astype(jnp.float32)
+    rewards_B = batch.rewards
+    stats = {}
+    if cfg.overlong_max_len:
+        lengths_B = jnp.sum(batch.loss_mask, axis=-1)
+        pen_B = A.overlong_penalty(
+            lengths_B, max_len=cfg.overlong_max_len, cache_len=cfg.overlong_cache_len
+        )
+        rewards_B = rewards_B + pen_B
+        stats["reward/overlong_penalty_mean"] = A.masked_mean(pen_B, valid_B)
+    adv_fn = A.ADVANTAGES.get(cfg.advantage)
+    adv_B = adv_fn(rewards_B, batch.group_ids, valid_B, eps=cfg.adv_eps)
+    mask_BT = batch.loss_mask
+    if cfg.correction == "m2po":
+        _, mask_BT, cstats = A.m2po(
+            batch.proximal_logprobs,
+            batch.behaviour_logprobs,
+            mask_BT,
+            cap=cfg.is_cap,
+            m2_tau=cfg.m2_tau,
+        )
+        stats.update({f"is/{k.removeprefix('is_')}": v for k, v in cstats.items()})
+    num_tokens, num_seqs = A.batch_counts(mask_BT)
+    stats["train/loss_tokens"] = num_tokens
+    stats["train/advantage_abs_mean"] = A.masked_mean(jnp.abs(adv_B), valid_B)
+    return Targets(adv_B=adv_B, mask_BT=mask_BT, num_tokens=num_tokens, num_seqs=num_seqs), stats
+
+
+def policy_objective(
+    cfg: TrainConfig, logp_BT, entropy_BT, batch: Batch, targets: Targets
+) -> tuple[jax.Array, dict]:
+    """Scalar loss of one (micro-)batch and its statistics (masked means over its loss tokens).
+
+    `batch` and `targets` are the micro-batch slices; `logp_BT` carries the gradient."""
+    mask_BT = targets.mask_BT
+    if batch.proximal_logprobs is not None:
+        old_BT = batch.proximal_logprobs
+    else:  # one update per batch: pi_old is the current policy (ratio 1, gradient flows)
+        old_BT = jax.lax.stop_gradient(logp_BT)
+    stats = {}
+    w_BT = None
+    if cfg.correction in ("tis_token", "tis_seq", "decoupled"):
+        corr = A.CORRECTIONS.get(cfg.correction)
+        w_BT, mask_BT, cstats = corr(
+            jax.lax.stop_gradient(old_BT),
+            batch.behaviour_logprobs,
+            mask_BT,
+            cap=cfg.is_cap,
+            m2_tau=cfg.m2_tau,
+        )
+        stats.update({f"is/{k.removeprefix('is_')}": v for k, v in cstats.items()})
+    loss_fn = A.POLICY_LOSSES.get(cfg.policy_loss)
+    pg_BT, pstats = loss_fn(
+        logp_BT,
+        old_BT,
+        targets.adv_B,
+        mask_BT,
+        eps_low=cfg.eps_low,
+        eps_high=cfg.eps_high,
+        dual_clip=cfg.dual_clip,
+    )
+    stats.update({f"policy/{k}": v for k, v in pstats.items()})
+    if w_BT is not None:
+        pg_BT = pg_BT * jax.lax.stop_gradient(w_BT)
+    agg = A.AGGREGATIONS.get(cfg.aggregation)
+    norm_len = cfg.norm_len or logp_BT.shape[1]
+    counts = dict(num_tokens=targets.num_tokens, num_seqs=targets.num_seqs, norm_len=norm_len)
+    pg_loss = agg(pg_BT, mask_BT, **counts)
+    loss = pg_loss
+    stats["loss/policy"] = pg_loss
+    if cfg.kl_coef > 0:
+        kl_BT = A.KL_ESTIMATORS.get(cfg.kl_estimator)(logp_BT, batch.ref_logprobs)
+        kl_loss = agg(kl_BT, mask_BT, **counts)
+        loss = loss + cfg.kl_coef * kl_loss
+        stats["loss/kl"] = kl_loss
+    stats["loss/total"] = loss
+    stats["policy/entropy"] = A.masked_mean(entropy_BT, mask_BT)
+    return loss, stats
+
+
+# Statistics that are summed over micro-batches (the losses, already globally normalised);
+# keys ending in "_max" take the max; every other key is a token-weighted mean.
+SUMMED_STATS = ("loss/policy", "loss/kl", "loss/total")
+
+
+def combine_stats(acc: dict, new: dict, frac) -> dict:
+    """Fold one micro-batch's stats into the running ones; `frac` = its share of loss tokens."""
+    out = {}
+    for k, v in new.items():
+        if k in SUMMED_STATS:
+            out[k] = acc[k] + v
+        elif k.endswith("_max"):
+            out[k] = jnp.maximum(acc[k], v)
+        else:
+            out[k] = acc[k] + frac * v
+    return out

@@ -1,0 +1,153 @@
+"""The pure training step, jitted once per batch layout with explicit trainer-mesh shardings.
+
+`train_step(state, batch) -> (state, metrics)`:
+  1. batch-global targets (advantages, M2PO mask, normalisers) on the full batch;
+  2. forward + backward per micro-batch (`lax.scan`, gradients summed in f32): micro-batch m is
+     rows m, m + M, m + 2M, ... so every micro-batch stays spread over the fsdp axis;
+  3. global grad norm, NaN/Inf check, optax update. A non-finite loss or gradient never reaches
+     the parameters: the update is skipped and `train/nonfinite` = 1 is reported (the host stops
+     the run on it unless nan_policy="skip", which counts it in `state.nonfinite_skips`).
+The state is donated: the caller must not reuse the state it passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl.sharding import logical_sharding
+from jaxrl.train.batch import Batch
+from jaxrl.train.config import TrainConfig
+from jaxrl.train.logprobs import model_logprobs
+from jaxrl.train.objective import (
+    Targets,
+    check_batch_for,
+    combine_stats,
+    policy_objective,
+    prepare_targets,
+)
+from jaxrl.train.state import TrainState
+
+
+def _micro_loss(params, mb: Batch, tg: Targets, *, graphdef, cfg: TrainConfig):
+    model = nnx.merge(graphdef, params)
+    logp_BT, ent_BT = model_logprobs(model, mb, chunk=cfg.logprob_chunk, remat=cfg.remat)
+    return policy_objective(cfg, logp_BT, ent_BT, mb, tg)
+
+
+def _split_micro(x, m: int):
+    """[B, ...] -> [M, B/M, ...] with micro-batch i = rows i, i+M, ... (keeps fsdp spread)."""
+    return x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
+
+
+def _grads_and_stats(params, batch: Batch, tg: Targets, *, graphdef, cfg: TrainConfig):
+    grad_fn = jax.value_and_grad(
+        functools.partial(_micro_loss, graphdef=graphdef, cfg=cfg), has_aux=True
+    )
+    m = cfg.micro_batches
+    if m == 1:
+        (_, stats), grads = grad_fn(params, batch, tg)
+        return grads, stats
+    per_row = dataclasses.replace(tg, num_tokens=None, num_seqs=None)
+    mbs = jax.tree.map(lambda x: _split_micro(x, m), (batch, per_row))
+    tok_M = jnp.sum(mbs[1].mask_BT > 0, axis=(1, 2)).astype(jnp.float32)
+    frac_M = tok_M / jnp.maximum(tg.num_tokens, 1.0)
+
+    def body(carry, xs):
+        g_acc, s_acc = carry
+        mb, mtg, frac = xs
+        mtg = dataclasses.replace(mtg, num_tokens=tg.num_tokens, num_seqs=tg.num_seqs)
+        (_, stats), g = grad_fn(params, mb, mtg)
+        g_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
+        return (g_acc, combine_stats(s_acc, stats, frac)), None
+
+    mb0 = jax.tree.map(lambda x: x[0], mbs)
+    stats_shape = jax.eval_shape(
+        lambda: grad_fn(
+            params,
+            mb0[0],
+            dataclasses.replace(mb0[1], num_tokens=tg.num_tokens, num_seqs=tg.num_seqs),
+        )[0][1]
+    )
+    s0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), stats_shape)
+    g0 = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    (grads, stats), _ = jax.lax.scan(body, (g0, s0), (mbs[0], mbs[1], frac_M))
+    return grads, stats
+
+
+def train_step(state: TrainState, batch: Batch, *, graphdef, cfg: TrainConfig, tx):
+    """One optimiser update from one batch (pure; see the module docstring)."""
+    check_batch_for(cfg, batch)
+    tg, stats = prepare_targets(cfg, batch)
+    grads, mstats = _grads_and_stats(state.params, batch, tg, graphdef=graphdef, cfg=cfg)
+    stats.update(mstats)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(stats["loss/total"]) & jnp.isfinite(grad_norm)
+    updates, new_opt = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    new_state = TrainState(
+        params=keep(new_params, state.params),
+        opt_state=keep(new_opt, state.opt_state),
+        step=state.step + finite.astype(jnp.int32),
+        rng=state.rng,
+        nonfinite_skips=state.nonfinite_skips + (~finite).astype(jnp.int32),
+    )
+    stats["train/grad_norm"] = grad_norm
+    stats["train/nonfinite"] = (~finite).astype(jnp.int32)
+    stats["train/step"] = new_state.step
+    return new_state, stats
+
+
+def batch_shardings(batch: Batch, mesh: Mesh) -> Batch:
+    """NamedShardings for a batch: rows over the trainer's batch axis (fsdp), tokens whole."""
+
+    def one(x):
+        if x is None:
+            return None
+        axes = ("batch", "length")[: x.ndim]
+        return logical_sharding(mesh, "trainer", axes, x.shape)
+
+    return jax.tree.map(one, batch)
+
+
+def trace_key(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with the fields the step's computation does not depend on reset (cache key)."""
+    return dataclasses.replace(
+        cfg, nan_policy="stop", checkpoint_every=0, checkpoint_keep=1, seed=0
+    )
+
+
+# (graphdef, trace_key(cfg), mesh, layout) -> jitted step; re-created Trainers reuse it.
+_JITTED: dict = {}
+
+
+def make_train_step(graphdef, cfg: TrainConfig, mesh: Mesh, state_shardings: TrainState, tx):
+    """`step(state, batch) -> (state, metrics)`, jitted with explicit shardings, state donated.
+
+    One jitted function per batch layout (which optional fields are present); each compiles once
+    per padded shape, so pad batches to a few shapes (`batch.padded_shape`). `tx` must be
+    `make_optimizer(cfg)` (the cache is keyed by cfg)."""
+    rep = NamedSharding(mesh, PartitionSpec())
+    pure = functools.partial(train_step, graphdef=graphdef, cfg=cfg, tx=tx)
+
+    def step(state: TrainState, batch: Batch):
+        layout = tuple(f.name for f in dataclasses.fields(batch) if getattr(batch, f.name) is None)
+        key = (graphdef, trace_key(cfg), mesh, layout)
+        if key not in _JITTED:
+            _JITTED[key] = jax.jit(
+                pure,
+                in_shardings=(state_shardings, batch_shardings(batch, mesh)),
+                out_shardings=(state_shardings, rep),
+                donate_argnums=0,
+            )
+        return _JITTED[key](state, batch)
+
+    return step

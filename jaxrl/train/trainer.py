@@ -1,0 +1,157 @@
+"""`Trainer`: the host-side owner of the TrainState and the jitted functions.
+
+    trainer = Trainer(model_cfg, train_cfg, meshes.trainer)        # or params=... to start from
+    metrics = trainer.step(batch)    # metrics of the PREVIOUS step (None for the first)
+    metrics = trainer.flush()        # metrics of the last step (blocks)
+
+`step` pads the batch to a fixed shape, fills in proximal / reference logprobs when the config
+needs them (`prepare`), dispatches the jitted update, then reads the previous step's metrics --
+the host never waits on the step it just dispatched. A NaN/Inf loss or gradient stops the run
+(`NonFiniteError`) unless `train.nan_policy="skip"`; the bad update is never applied either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from jaxrl.config import ModelConfig
+from jaxrl.train.batch import Batch, check_batch, pad_batch, padded_shape
+from jaxrl.train.config import TrainConfig
+from jaxrl.train.flops import mfu, peak_flops, train_flops_per_token
+from jaxrl.train.logprobs import make_logprobs_fn
+from jaxrl.train.state import (
+    TrainState,
+    init_train_state,
+    make_optimizer,
+    model_graphdef,
+    train_state_shardings,
+)
+from jaxrl.train.step import batch_shardings, make_train_step
+
+
+class NonFiniteError(FloatingPointError):
+    pass
+
+
+class Trainer:
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        train_cfg: TrainConfig,
+        mesh: Mesh,
+        *,
+        params: dict | None = None,
+        ref_params: dict | None = None,
+        max_len: int | None = None,
+        state: TrainState | None = None,
+    ):
+        self.model_cfg, self.cfg, self.mesh = model_cfg, train_cfg, mesh
+        self.graphdef, _ = model_graphdef(model_cfg, train_cfg)
+        self.abstract_state, self.shardings = train_state_shardings(model_cfg, train_cfg, mesh)
+        self.tx = make_optimizer(train_cfg)
+        self.state = (
+            state
+            if state is not None
+            else init_train_state(model_cfg, train_cfg, mesh, params=params)
+        )
+        self.ref_params = None
+        if train_cfg.kl_coef > 0:
+            if ref_params is None:
+                raise ValueError("train.kl_coef > 0 needs ref_params (the reference policy)")
+            self.ref_params = jax.device_put(ref_params, self.shardings.params)
+        self._step = make_train_step(self.graphdef, train_cfg, mesh, self.shardings, self.tx)
+        self._logprobs = make_logprobs_fn(self.graphdef, chunk=train_cfg.logprob_chunk)
+        self.max_len = max_len
+        self.row_multiple = train_cfg.micro_batches * mesh.shape["fsdp"]
+        self._pending = None
+        self._last_done = None
+        self._peak = None
+
+    # ---------------------------------------------------------------- batches
+    def pad(self, batch: Batch) -> Batch:
+        """Pad a host batch to the fixed shape for its size (rows and length buckets)."""
+        b, t = batch.shape
+        rows, length = padded_shape(
+            b,
+            t,
+            row_multiple=self.row_multiple,
+            min_len=self.cfg.logprob_chunk,
+            max_len=self.max_len,
+        )
+        return pad_batch(batch, rows, length)
+
+    def logprobs(self, params: dict, batch: Batch) -> jax.Array:
+        """Per-token logprobs of a (padded, device-placed) batch under `params` (aligned as in
+        `jaxrl.train.batch`)."""
+        return self._logprobs(params, batch)
+
+    def prepare(self, batch: Batch) -> Batch:
+        """Check, pad and place a host batch; fill proximal / reference logprobs if needed."""
+        check_batch(batch)
+        batch = self.pad(batch)
+        batch = jax.device_put(batch, batch_shardings(batch, self.mesh))
+        if self.cfg.needs_proximal and batch.proximal_logprobs is None:
+            batch = batch.replace(proximal_logprobs=self.logprobs(self.state.params, batch))
+        if self.cfg.kl_coef > 0 and batch.ref_logprobs is None:
+            batch = batch.replace(ref_logprobs=self.logprobs(self.ref_params, batch))
+        return batch
+
+    # ---------------------------------------------------------------- stepping
+    def step(self, batch: Batch) -> dict | None:
+        """Dispatch one update; return the previous step's metrics (host floats) or None."""
+        real_tokens = int(np.sum(np.asarray(batch.segment_ids) > 0))
+        dev_batch = self.prepare(batch)
+        t_dispatch = time.perf_counter()
+        self.state, metrics = self._step(self.state, dev_batch)
+        previous = self._read_pending()
+        self._pending = (metrics, t_dispatch, real_tokens, dev_batch.shape[1])
+        return previous
+
+    def flush(self) -> dict | None:
+        """Block on the last dispatched step and return its metrics."""
+        out = self._read_pending()
+        self._pending = None
+        return out
+
+    def _read_pending(self) -> dict | None:
+        if self._pending is None:
+            return None
+        metrics, t_dispatch, tokens, length = self._pending
+        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        done = time.perf_counter()
+        start = t_dispatch if self._last_done is None else max(t_dispatch, self._last_done)
+        seconds = done - start
+        host["train/step_s"] = seconds
+        host["train/tokens_per_s"] = tokens / max(seconds, 1e-9)
+        host["train/mfu"] = self.mfu(tokens, length, seconds)  # may measure the peak once
+        self._last_done = time.perf_counter()
+        if host["train/nonfinite"] and self.cfg.nan_policy == "stop":
+            raise NonFiniteError(
+                f"non-finite loss or gradient at step {int(host['train/step']) + 1} "
+                f"(loss/total={host['loss/total']}, train/grad_norm={host['train/grad_norm']}); "
+                "the update was not applied. Set train.nan_policy='skip' to skip such updates "
+                "and count them instead."
+            )
+        return host
+
+    def mfu(self, tokens: int, seq_len: int, seconds: float) -> float:
+        devices = list(self.mesh.devices.flat)
+        if self._peak is None:
+            self._peak = peak_flops(devices[0])
+        # simulated CPU devices share one machine's cores: count the machine once
+        n = 1 if devices[0].platform == "cpu" else len(devices)
+        flops = train_flops_per_token(self.model_cfg, seq_len) * tokens
+        return mfu(flops, seconds, self._peak, n)
+
+    def replace_state(self, state: TrainState) -> None:
+        self._pending = None
+        self.state = state
+
+    @property
+    def config(self):
+        return dataclasses.replace(self.cfg)
