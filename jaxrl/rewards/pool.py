@@ -141,10 +141,11 @@ def zygote_command(plan: TierPlan, uid: int | None) -> tuple[list[str], dict]:
         cfg.update(jobdir=os.path.join(plan.job_base, f"job-{owner}-{threading.get_ident()}"),
                    allow_unix_sockets=False)
         if uid is not None:
+            hidden = not _others_can_read(prefix)
             cfg.update(uid=uid, gid=uid, nproc=256, sweep_owned=["/tmp", "/var/tmp", "/dev/shm"],
-                       private_mounts=dict(tmp_mb=TMP_MB, shm_mb=SHM_MB))
-            if not _others_can_read(prefix):
-                cfg["prefix_fd_path"] = prefix
+                       private_mounts=dict(tmp_mb=TMP_MB, shm_mb=SHM_MB,
+                                           expose=[prefix] if hidden else []),
+                       prefix_fd_path=prefix if hidden else None)  # used without private mounts
         return py + [json.dumps(cfg)], dict(env={})
     cfg.update(jobdir="/tmp/job", wipe=["/tmp", "/dev/shm"], allow_unix_sockets=True,
                nproc=256 if uid is not None else 0)

@@ -159,10 +159,12 @@ def apply_seccomp(allow_unix_sockets: bool) -> str:
     return f"seccomp({len(prog) // 8} insns)"
 
 
-def private_mounts(tmp_mb: int, shm_mb: int) -> None:
+def private_mounts(tmp_mb: int, shm_mb: int, expose: tuple = ()) -> None:
     """Root without user namespaces: a private mount namespace where every host filesystem is
     read-only and /tmp, /var/tmp, /dev/shm are fresh size-capped tmpfs (so a job can neither
-    leave files on the host nor see another slot's)."""
+    leave files on the host nor see another slot's). Each `expose` path (the interpreter's
+    prefix) is made reachable by covering its first untraversable ancestor (e.g. a 0700 /root)
+    with an empty tmpfs and binding the path back: the rest of that ancestor stays hidden."""
     ctypes, libc = _libc()
 
     def check(rc, what):
@@ -172,6 +174,18 @@ def private_mounts(tmp_mb: int, shm_mb: int) -> None:
 
     check(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
     check(libc.mount(None, b"/", None, 0x4000 | 0x40000, None), "make / private")
+    for path in expose:
+        parts = path.rstrip("/").split("/")
+        closed = [a for a in ("/".join(parts[:i]) for i in range(2, len(parts)))
+                  if not os.stat(a).st_mode & 0o001]
+        if closed:
+            fd = os.open(path, os.O_PATH | os.O_DIRECTORY)
+            check(libc.mount(b"tmpfs", closed[0].encode(), b"tmpfs", 2 | 4, b"size=1m,mode=755"),
+                  f"tmpfs on {closed[0]}")
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            check(libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, 4096 | 0x4000,
+                             None), f"bind {path}")
+            os.close(fd)
     keep = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
             "relatime": 1 << 21}
     with open("/proc/self/mountinfo") as f:
@@ -222,13 +236,6 @@ class Zygote:
                 __import__(name)
             except Exception:  # noqa: BLE001 - a missing optional module is not an error
                 pass
-        self.sys_path = list(sys.path)
-        if cfg.get("prefix_fd_path"):
-            fd = os.open(cfg["prefix_fd_path"], os.O_PATH | os.O_DIRECTORY)
-            os.dup2(fd, self.PREFIX_FD, inheritable=True)
-            os.close(fd)
-            pre, via = cfg["prefix_fd_path"].rstrip("/"), f"/proc/self/fd/{self.PREFIX_FD}"
-            self.sys_path = [via + p[len(pre):] if p.startswith(pre) else p for p in sys.path]
         _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the pool
         if os.getppid() == 1 and not self.pid1:
             os._exit(3)  # the pool died before we set the death signal
@@ -237,10 +244,17 @@ class Zygote:
             try:
                 private_mounts(**cfg["private_mounts"])
                 cfg.update(jobdir="/tmp/job", wipe=["/tmp", "/var/tmp", "/dev/shm"],
-                           sweep_owned=[])
+                           sweep_owned=[], prefix_fd_path=None)
                 self.notes.append("private mount namespace: host read-only, own /tmp, /dev/shm")
             except OSError as e:
                 self.notes.append(f"no private mounts ({e}): sweeping /tmp, /var/tmp, /dev/shm")
+        self.sys_path = list(sys.path)
+        if cfg.get("prefix_fd_path"):  # the job uid cannot reach the interpreter: import via fd
+            fd = os.open(cfg["prefix_fd_path"], os.O_PATH | os.O_DIRECTORY)
+            os.dup2(fd, self.PREFIX_FD, inheritable=True)
+            os.close(fd)
+            pre, via = cfg["prefix_fd_path"].rstrip("/"), f"/proc/self/fd/{self.PREFIX_FD}"
+            self.sys_path = [via + p[len(pre):] if p.startswith(pre) else p for p in sys.path]
         _prctl(4, 0)  # not dumpable: jobs (same uid in tier A) cannot ptrace or read /proc/1/mem
         if cfg.get("seccomp", True):
             try:

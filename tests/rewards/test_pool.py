@@ -10,6 +10,7 @@ import concurrent.futures
 import logging
 import os
 import re
+import shutil
 import time
 
 import pytest
@@ -270,3 +271,18 @@ def test_bad_arguments():
             pool.run([SandboxJob(code="pass", timeout_s=0)])
         with pytest.raises(TypeError, match="SandboxJob"):
             pool.run(["print(1)"])
+
+
+def test_host_filesystem_read_only(pool):
+    if pool.tier == "B" and not pool.slot_uids:
+        pytest.skip("tier B without root has no private mount namespace")
+    shared = os.path.join(os.getcwd(), f".jaxrl-ro-test-{os.getpid()}")  # not under /tmp
+    os.mkdir(shared)
+    try:
+        os.chmod(shared, 0o777)  # world-writable on the host: only a read-only mount stops it
+        r = _one(pool, code=f"open({shared + '/x'!r}, 'w').write('x')")
+        assert r.status == "error", r
+        assert any(m in r.stderr for m in ("Read-only", "No such file", "Permission denied")), r
+        assert os.listdir(shared) == []
+    finally:
+        shutil.rmtree(shared)
