@@ -6,8 +6,8 @@ per step. The planner reads (names from DESIGN.md):
 - `pipeline/rollouts_per_s_consumed`: rollouts per second of *trainer busy time* (the train
   step plus the weight publish it blocks on) - what the trainer could consume if never starved;
 - `pipeline/rollouts_per_s_produced`: rollouts per second of *generator busy time*;
-- `pipeline/trainer_idle_frac`, `pipeline/weight_sync_s`, `train/mfu` (over the train step),
-  `sandbox/exec_s_p50`: reported and compared with the prediction;
+- `pipeline/trainer_idle_frac`, `pipeline/step_s`, `pipeline/weight_sync_s`, `train/mfu` (over
+  the train step), `sandbox/exec_s_p50`: reported and compared with the prediction;
 - the batch: `pipeline/batch_size`, else `pipeline/trainer_busy_s` * consumed/s;
 - the split measured: `pipeline/trainer_chips` and `pipeline/generator_chips` (not yet written
   by the controller: pass them as arguments, or `--split T:G` on the command line);
@@ -35,6 +35,7 @@ PRODUCED = "pipeline/rollouts_per_s_produced"
 CONSUMED = "pipeline/rollouts_per_s_consumed"
 TRAINER_IDLE = "pipeline/trainer_idle_frac"
 TRAINER_BUSY = "pipeline/trainer_busy_s"
+STEP = "pipeline/step_s"
 SYNC = "pipeline/weight_sync_s"
 MFU = "train/mfu"
 SANDBOX_EXEC = "sandbox/exec_s_p50"
@@ -59,6 +60,7 @@ class MeasuredRates:
     train_mfu: float | None = None          # over the train step (busy time)
     sandbox_exec_s: float | None = None
     mode: str = "async"
+    step_s: float | None = None             # measured wall-clock per step, for comparison
 
     def __post_init__(self):
         check_mode(self.mode)
@@ -113,7 +115,7 @@ def measured_rates(rates: Mapping[str, Any], *, trainer_chips: int | None = None
         trainer_idle_frac=_number(rates, TRAINER_IDLE), weight_sync_s=_number(rates, SYNC),
         batch_size=int(batch) if batch else None, train_mfu=_number(rates, MFU),
         sandbox_exec_s=_number(rates, SANDBOX_EXEC),
-        mode=mode or str(rates.get(MODE) or "async"))
+        mode=mode or str(rates.get(MODE) or "async"), step_s=_number(rates, STEP))
 
 
 def from_measured(rates: Mapping[str, Any] | MeasuredRates, *, total_chips: int | None = None,
@@ -139,6 +141,9 @@ def from_measured(rates: Mapping[str, Any] | MeasuredRates, *, total_chips: int 
     if m.trainer_idle_frac is not None and base is not None:
         notes.append(f"trainer idle: measured {m.trainer_idle_frac:.1%}, predicted "
                      f"{base.rates.trainer_idle:.1%} at the measured split")
+    if m.step_s is not None and base is not None and m.batch_size is not None:
+        notes.append(f"step time: measured {m.step_s:.4g} s, predicted {base.rates.step_s:.4g} s "
+                     f"({base.rates.step_s / m.step_s - 1:+.1%}) at the measured split")
     if m.weight_sync_s is not None:
         notes.append(f"weight sync: {m.weight_sync_s:.3g} s per step (inside the trainer rate)")
     if m.sandbox_exec_s:

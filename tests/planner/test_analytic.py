@@ -194,6 +194,7 @@ def test_from_measured_synthetic_run(tmp_path):
     assert rec.best.mfu > rec.baseline.mfu
     assert set(rec.best_per_mode()) == set(MODES)  # batch size inferred: all modes compared
     assert any("trainer idle: measured 29.0%, predicted 29.1%" in n for n in rec.notes)
+    assert any("step time: measured 262.6 s, predicted 262.6 s" in n for n in rec.notes)
     note = next(n for n in rec.notes if n.startswith("sandbox"))
     assert int(note.split()[1]) == math.ceil(rec.best.rates.consumed_per_s * 12.0 / 0.8)
 
