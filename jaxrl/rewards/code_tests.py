@@ -321,7 +321,7 @@ def code_tests_batch(
         except Exception as e:  # noqa: BLE001 - a bad spec is this item's error only
             out[k] = e
             continue
-        code = extract_code(str(item["completion"]))
+        code = extract_code(str(item.get("completion", "")))
         totals[k] = len(cases)
         for c in cases:
             if c.kind == "stdio":

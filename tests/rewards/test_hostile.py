@@ -766,6 +766,17 @@ def test_privileges(pool):
         denied("mount_tmpfs", libc.mount(b"none", b"/tmp", b"tmpfs", 0, None))
         denied("setuid0", libc.setuid(0))
         denied("chroot", libc.chroot(b"/"))
+        import platform
+        nr_clone = {"x86_64": 56, "aarch64": 220}.get(platform.machine())
+        if nr_clone:  # raw clone(CLONE_NEWUSER | SIGCHLD): a namespace without unshare()
+            rc = libc.syscall(nr_clone, 0x10000000 | 17, 0, 0, 0, 0)
+            if rc == 0:
+                os._exit(0)  # the child, had it been allowed
+            denied("clone_newuser", rc)
+        else:
+            print("clone_newuser DENIED n/a")
+        rc = libc.syscall(435, None, 0)  # clone3: arguments in memory, so refused outright
+        print("clone3", "DENIED" if rc != 0 else "ALLOWED", ctypes.get_errno())
         print("uid", os.getuid(), os.geteuid())
     """,
     )
@@ -780,6 +791,8 @@ def test_privileges(pool):
         "mount_tmpfs",
         "setuid0",
         "chroot",
+        "clone_newuser",
+        "clone3",
     ):
         assert out[name].startswith("DENIED"), (name, res.stdout)
     assert out["Seccomp"] == "2", res.stdout
