@@ -184,7 +184,7 @@ class RewardScorer:
 
     Args:
       spec: which rewards, weights and options.
-      pool: a sandbox pool (`LocalSandboxPool`, `RayPool`) for rewards that run code.
+      pool: a sandbox pool (`LocalSandboxPool`, `RaySandboxPool`) for rewards that run code.
       workers: `KillableWorkers` to use; by default one is made with `num_workers` processes and
         closed by `close()`.
     """
@@ -241,18 +241,19 @@ class RewardScorer:
             raw = future.result()
             vals, n_err, n_to = [], 0, 0
             for k, v in enumerate(raw):
-                try:
-                    if isinstance(v, BaseException):
-                        raise v
-                    vals.append(_as_score(v))
-                except RewardTimeout as e:
+                if not isinstance(v, BaseException):
+                    try:
+                        vals.append(_as_score(v))
+                        continue
+                    except TypeError as e:
+                        v = e
+                # A failing reward scores 0 and is counted (timeouts apart from other errors).
+                if isinstance(v, RewardTimeout):
                     n_to += 1
-                    self._log(term.name, k, e, n_err + n_to)
-                    vals.append(0.0)
-                except Exception as e:  # noqa: BLE001 - a failing reward scores 0, counted
+                else:
                     n_err += 1
-                    self._log(term.name, k, e, n_err + n_to)
-                    vals.append(0.0)
+                self._log(term.name, k, v, n_err + n_to)
+                vals.append(0.0)
             if n_err + n_to > _LOG_PER_BATCH:
                 log.warning(
                     "reward %r: %d errors and %d timeouts in a batch of %d (scored 0)",
