@@ -385,3 +385,50 @@ def test_code_tests_reward_hacks_score_zero(pool, name, completion):
     assert fn("p", completion, tests=ADD_TESTS, pool=pool) == 0.0, name
     hack_stdin = "import os\nos._exit(0)" if name == "os_exit0" else "print('PASS')\nexit(0)"
     assert fn("p", hack_stdin, tests=STDIN_TESTS, pool=pool) == 0.0
+
+
+class _CountingPool:
+    """Wraps a pool and records the size of every `run` call."""
+
+    def __init__(self, pool):
+        self.pool, self.calls = pool, []
+
+    def run(self, jobs):
+        self.calls.append(len(jobs))
+        return self.pool.run(jobs)
+
+
+def test_code_tests_batch_is_one_pool_call(pool, workers):
+    counting = _CountingPool(pool)
+    items = [
+        {"completion": ADD_OK, "tests": ADD_TESTS},  # one harness job
+        {"completion": SUM_STDIN, "tests": STDIN_TESTS},  # one job per stdin test
+        {"completion": ADD_BAD, "tests": ADD_TESTS},
+    ]
+    spec = RewardSpec.from_weights({"code_tests": 1.0, "math_answer": 0.0})
+    with RewardScorer(spec, pool=counting, workers=workers) as scorer:
+        out = scorer.score_batch(items)
+    assert counting.calls == [4]
+    assert out.components["code_tests"] == [1.0, 0.5, 0.5]
+
+
+def test_code_tests_timeout_scores_zero(pool):
+    fn = get_reward("code_tests").fn
+    loop_fn = "def add(a, b):\n    while True:\n        pass\n"
+    loop_stdin = "while True:\n    pass\n"
+    t0 = time.monotonic()
+    assert fn("p", loop_fn, tests=ADD_TESTS, pool=pool, test_timeout_s=0.5) == 0.0
+    assert fn("p", loop_stdin, tests=STDIN_TESTS, pool=pool, test_timeout_s=0.5) == 0.0
+    assert time.monotonic() - t0 < 10
+    # Cases that finished before the hang still count.
+    partial = "def add(a, b):\n    while a > 2:\n        pass\n    return a + b\n"
+    assert fn("p", partial, tests=ADD_TESTS, pool=pool, test_timeout_s=0.5) == 0.5
+
+
+def test_math_auto_backend_without_math_verify(workers):
+    spec = RewardSpec((RewardTerm("math_answer", options={"backend": "auto"}),))
+    with RewardScorer(spec, workers=workers) as scorer:
+        out = scorer.score_batch([{"completion": "\\boxed{\\frac{6}{4}}", "answer": "1.5"}])
+    assert out.total == [1.0] and out.errors == {"math_answer": 0}
+    with pytest.raises(ValueError, match="backend must be one of"):
+        ma.math_score("1", "1", backend="wolfram")
