@@ -151,7 +151,9 @@ def zygote_command(plan: TierPlan, uid: int | None) -> tuple[list[str], dict]:
                nproc=256 if uid is not None else 0)
     argv = [plan.bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try", "--disable-userns", "--die-with-parent",
-            "--as-pid-1", "--new-session", "--hostname", "sandbox"]
+            "--as-pid-1", "--hostname", "sandbox"]  # no --new-session: every job calls setsid
+    # itself (no controlling tty), and a session of its own puts the zygote in a separate
+    # scheduler autogroup, which doubled its latency on a loaded machine.
     for d in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
         if os.path.islink(d):
             argv += ["--symlink", os.readlink(d), d]
