@@ -35,7 +35,7 @@ class SFTConfig:
     """
 
     steps: int = 0
-    batch_size: int = 64
+    batch_size: int = 32
     lr: float = 3e-3
     warmup_steps: int = 20
     weight_decay: float = 0.0

@@ -20,8 +20,9 @@ runs in a job of its own. Text that does not parse scores 0 without reaching the
 
 Split: a function's values on fixed probe inputs are hashed; one hash bucket in 8 is the eval
 split, so held-out problems use functions never seen in training (equal functions written
-differently land in the same split). Depth 1 (level 0) has only ~30 functions, so there the split
-is by problem (function + shown inputs) instead.
+differently land in the same split). Depth 1 (levels 0 and 1) has only 12-36 functions, so there
+the split is by problem (function + shown inputs) instead: held-out prompts are new, their
+functions are not.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from jaxrl.rewards.rewards import register_reward
 from jaxrl.rewards.types import SandboxJob
 
 # difficulty level -> (depth, const_max, examples); DataConfig.pysynth_* override single knobs.
-LEVELS: dict[int, tuple[int, int, int]] = {0: (1, 5, 4), 1: (2, 5, 4), 2: (2, 9, 3), 3: (3, 9, 3)}
+LEVELS: dict[int, tuple[int, int, int]] = {0: (1, 3, 4), 1: (1, 9, 4), 2: (2, 5, 4), 3: (3, 9, 3)}
 SHOWN_X = range(0, 10)  # shown example inputs
 HIDDEN_X = range(-10, 21)  # hidden test inputs
 PROBE_X = tuple(range(-4, 9))  # fingerprint inputs (split + equality of functions)
@@ -192,7 +193,7 @@ def make_problem(spec: PySynthSpec, split: str, index: int, seed: int) -> dict:
         if len(set(values)) == 1:
             continue
         shown = sorted(rng.sample(SHOWN_X, spec.examples))
-        # depth 1 has too few functions to hold some out: split level-0 problems by instance.
+        # depth 1 has too few functions to hold some out: split those problems by instance.
         if split_of(values if spec.depth > 1 else (values, shown)) != split:
             continue
         outs = [evaluate(tree, x) for x in shown]

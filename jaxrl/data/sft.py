@@ -66,24 +66,30 @@ def sft_train_config(sft) -> TrainConfig:
 
 
 def sft_rows(task: Task, records: Sequence[Mapping], tokenizer, prompt_format: str,
-             max_len: int) -> Batch:
-    """One SFT batch: rows = prompt + demonstration + EOS, right padded to `max_len`; the loss
+             max_len: int, pad_to: int = 16) -> Batch:
+    """One SFT batch: rows = prompt + demonstration + EOS, right padded to the longest row rounded
+    up to a multiple of `pad_to` (at most `max_len`: a few shapes, so few compilations); the loss
     mask covers the demonstration and EOS tokens."""
-    b = len(records)
-    tokens = np.full((b, max_len), tokenizer.pad_id, np.int32)
-    mask = np.zeros((b, max_len), np.float32)
-    seg = np.zeros((b, max_len), np.int32)
-    for i, rec in enumerate(records):
+    rows = []
+    for rec in records:
         p = task.render(rec, tokenizer, prompt_format)
         d = task.render_demonstration(rec, tokenizer, prompt_format)
+        if len(p) + len(d) > max_len:
+            raise ValueError(f"SFT row of {len(p) + len(d)} tokens (prompt {len(p)} + "
+                             f"demonstration {len(d)}) for record {rec.get('uid')!r} exceeds "
+                             f"data.sft.max_len={max_len}")
+        rows.append((p, d))
+    b = len(rows)
+    t = min(max_len, -(-max(len(p) + len(d) for p, d in rows) // pad_to) * pad_to)
+    tokens = np.full((b, t), tokenizer.pad_id, np.int32)
+    mask = np.zeros((b, t), np.float32)
+    seg = np.zeros((b, t), np.int32)
+    for i, (p, d) in enumerate(rows):
         n = len(p) + len(d)
-        if n > max_len:
-            raise ValueError(f"SFT row of {n} tokens (prompt {len(p)} + demonstration {len(d)}) "
-                             f"for record {rec.get('uid')!r} exceeds data.sft.max_len={max_len}")
         tokens[i, :n] = p + d
         mask[i, len(p):n] = 1.0
         seg[i, :n] = 1
-    positions = np.broadcast_to(np.arange(max_len, dtype=np.int32), (b, max_len)).copy()
+    positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
     return Batch(tokens=tokens, positions=positions, segment_ids=seg, loss_mask=mask,
                  rewards=np.zeros((b,), np.float32), group_ids=np.arange(b, dtype=np.int32))
 
@@ -129,13 +135,13 @@ def run_sft(model_cfg: ModelConfig, data_cfg: DataConfig, *, mesh: Mesh, tokeniz
     state = init_train_state(model_cfg, train_cfg, mesh, params=params)
     it = PromptIterator(task.source("train"), prompts_per_step=sft.batch_size, seed=sft.seed,
                         epochs=0)
-    step_fn = None
+    step_fns: dict = {}  # one jitted step per padded length
     losses, t0, pending = [], time.perf_counter(), None
     for step in range(1, sft.steps + 1):
         batch = sft_rows(task, next(it), tokenizer, fmt, sft.max_len)
-        if step_fn is None:
-            step_fn = make_sft_step(graphdef, tx, mesh, shardings, batch)
-        state, metrics = step_fn(state, batch)
+        if batch.tokens.shape not in step_fns:
+            step_fns[batch.tokens.shape] = make_sft_step(graphdef, tx, mesh, shardings, batch)
+        state, metrics = step_fns[batch.tokens.shape](state, batch)
         if pending is not None:  # read the previous step's metrics: no host sync per step
             _record(pending, losses, sft.log_every, on_log, sft.steps)
         pending = (step, metrics)

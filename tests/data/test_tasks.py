@@ -53,12 +53,18 @@ def test_pysynth_is_deterministic_and_splits_are_disjoint(pysynth_task):
     a = [pysynth_task.source("train")[i] for i in range(300)]
     b = [build_task(DataConfig(difficulty=1)).source("train")[i] for i in range(300)]
     assert a == b
+    assert all(len(r["prompt"]) <= 60 for r in a)
+    assert all(len(r["reference"]) <= pysynth.MAX_REF_CHARS for r in a)
+    # level 1 (depth 1) splits by problem: no held-out prompt appears in training
     ev = pysynth_task.eval_records()
-    train_fns = {pysynth.fingerprint(eval(f"lambda x: {r['reference']}")) for r in a}
-    eval_fns = {pysynth.fingerprint(eval(f"lambda x: {r['reference']}")) for r in ev}
-    assert train_fns and eval_fns and not train_fns & eval_fns
-    assert all(len(r["prompt"]) <= 60 for r in a + ev)
-    assert all(len(r["reference"]) <= pysynth.MAX_REF_CHARS for r in a + ev)
+    assert not {r["prompt"] for r in ev} & {r["prompt"] for r in a}
+    # depth >= 2 splits by function: held-out functions are never trained on
+    deep = build_task(DataConfig(difficulty=2, eval_size=64))
+    train_fns = {pysynth.fingerprint(eval(f"lambda x: {deep.source('train')[i]['reference']}"))
+                 for i in range(500)}
+    eval_fns = {pysynth.fingerprint(eval(f"lambda x: {r['reference']}"))
+                for r in deep.eval_records()}
+    assert len(train_fns) > 50 and len(eval_fns) > 10 and not train_fns & eval_fns
 
 
 def test_pysynth_references_pass_their_hidden_tests(pysynth_task, pool):

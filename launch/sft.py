@@ -1,0 +1,48 @@
+"""SFT warm start + held-out evaluation, alone (the number behind docs/benchmarks.md "SFT").
+
+    python launch/sft.py configs/default.py --data.sft.steps=200 --data.sft.batch_size=32
+
+Trains (or loads from the cache under data.sft.cache_dir) the warm-started model of the
+experiment, evaluates pass@1 / pass@k on the held-out split and prints one JSON line. Runs on
+one device (the fastest layout for a tiny model on CPU).
+"""
+
+import json
+import sys
+import time
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0].startswith("--"):
+        raise SystemExit("usage: python launch/sft.py <config.py> [--key=value ...]")
+    import jax
+
+    from jaxrl.config import load_config
+    from jaxrl.data.evaluate import evaluate
+    from jaxrl.data.sft import sft_model, warm_start
+    from jaxrl.data.tasks import build_task
+    from jaxrl.rewards import RewardScorer
+    from jaxrl.rewards.pool import LocalSandboxPool
+    from jaxrl.sharding import make_mesh
+    from jaxrl.tokenizers import load_tokenizer
+
+    cfg = load_config(argv[0], argv[1:])
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    task = build_task(cfg.data)
+    mesh = make_mesh((1, 1), "trainer", jax.devices()[:1])
+    t0 = time.perf_counter()
+    params, info = warm_start(cfg.model, cfg.data, mesh=mesh, tokenizer=tokenizer, task=task,
+                              on_log=lambda s, m: print(f"sft step {s}: {m}", flush=True))
+    if params is None:
+        raise SystemExit("data.sft.steps is 0: nothing to warm-start")
+    sft_s = time.perf_counter() - t0
+    with LocalSandboxPool() as pool, RewardScorer(task.reward_spec(), pool=pool) as scorer:
+        metrics = evaluate(sft_model(cfg.model, params), task, tokenizer, scorer, cfg=cfg.data,
+                           seed=cfg.data.seed)
+    print(json.dumps({"cache_hit": info["cache_hit"], "cache_path": info["cache_path"],
+                      "sft_wall_s": round(info["wall_s"], 1), "total_sft_s": round(sft_s, 1),
+                      "losses": info["losses"], **metrics, "sandbox_tier": pool.tier}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
