@@ -10,11 +10,22 @@ Every invalid value fails in `__post_init__` with the field, the value received 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Literal
 
 PromptFormat = Literal["auto", "plain", "chat"]
 Split = Literal["train", "eval"]
 SPLITS: tuple[str, ...] = ("train", "eval")
+
+
+BUILTIN_TASKS: tuple[str, ...] = ("arith", "gsm8k_jsonl", "pysynth")
+
+
+def task_names() -> list[str]:
+    """Registered task names. The registry (`jaxrl.data.tasks`) is consulted only once something
+    imported it (registering a custom task does), so reading a config stays cheap."""
+    tasks = sys.modules.get("jaxrl.data.tasks")
+    return tasks.task_names() if tasks is not None else sorted(BUILTIN_TASKS)
 
 
 class DataConfigError(ValueError):
@@ -108,8 +119,6 @@ class DataConfig:
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
 
     def __post_init__(self):
-        from jaxrl.data.tasks import task_names  # registry lives with the tasks (no jax there)
-
         names = task_names()
         if self.task not in names:
             raise DataConfigError(f"data.task={self.task!r} is not valid; valid choices: {names}")

@@ -196,3 +196,9 @@ def test_render_plain_and_chat(pysynth_task):
         "<system>Be brief.<user>")
     assert chat_tok.decode(pysynth_task.render_demonstration(rec, chat_tok, "chat")).startswith(
         "f(x)=")
+
+
+def test_builtin_task_names_match_the_registry():
+    from jaxrl.data import config as data_config
+
+    assert sorted(data_config.BUILTIN_TASKS) == task_names()
