@@ -88,7 +88,10 @@ class Task:
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
             return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                       tokenize=True))
-        ids = list(tokenizer.encode(record["prompt"]))
+        try:
+            ids = list(tokenizer.encode(record["prompt"]))
+        except ValueError as e:  # e.g. a character the char tokenizer does not know
+            raise ValueError(f"record {record.get('uid')!r}: cannot encode its prompt: {e}") from e
         bos = getattr(tokenizer, "bos_id", None)
         return [bos, *ids] if bos is not None else ids
 
