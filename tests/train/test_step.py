@@ -132,3 +132,41 @@ def test_grpo_learns_a_token_bandit(model_cfg, mesh, train_cfg):
     tr.flush()
     p1 = float(jnp.sum(jax.nn.softmax(_answer_logits(tr, prompt))[:16]))
     assert p1 > max(3 * p0, 0.5), f"rewarded probability went {p0:.3f} -> {p1:.3f}"
+
+
+def test_decoupled_and_kl_with_behaviour_equal_policy(model_cfg, mesh, train_cfg, make_toy):
+    """Trainer.prepare fills pi_prox (decoupled PPO) and pi_ref (KL) on the trainer mesh. With
+    behaviour == reference == current policy, every IS weight is 1, KL is 0, and the loss equals
+    the uncorrected one."""
+    import dataclasses as dc
+
+    plain = Trainer(model_cfg, train_cfg, mesh)
+    batch = make_toy(seed=7)
+    own = np.asarray(plain.logprobs(plain.state.params, plain.prepare(batch)))[:8, :16]
+    cfg = dc.replace(train_cfg, correction="decoupled", kl_coef=0.1)
+    with pytest.raises(ValueError, match="needs ref_params"):
+        Trainer(model_cfg, cfg, mesh)
+    corrected = Trainer(model_cfg, cfg, mesh, ref_params=plain.state.params)
+    corrected.step(batch.replace(behaviour_logprobs=own * np.asarray(batch.loss_mask)))
+    plain.step(batch)
+    m_c, m_p = corrected.flush(), plain.flush()
+    assert m_c["is/weight_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert m_c["is/weight_max"] == pytest.approx(1.0, abs=1e-6)
+    assert m_c["is/masked_token_frac"] == 0.0
+    assert m_c["loss/kl"] == pytest.approx(0.0, abs=1e-7)
+    assert m_c["loss/policy"] == pytest.approx(m_p["loss/policy"], rel=1e-5, abs=1e-7)
+    assert m_c["train/grad_norm"] == pytest.approx(m_p["train/grad_norm"], rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_remat_does_not_change_gradients(grads_setup, model_cfg, remat):
+    grads, params, batch, jitted = grads_setup
+    cfg = dataclasses.replace(MICRO_CFG, remat=remat)
+    graphdef, _ = model_graphdef(model_cfg, cfg)
+
+    def f(params, batch):
+        tg, _ = prepare_targets(cfg, batch)
+        return _grads_and_stats(params, batch, tg, graphdef=graphdef, cfg=cfg)
+
+    _assert_same(jitted[1], jax.device_get(jax.jit(f)(params, batch)), rtol=1e-5, atol=1e-7)

@@ -1,0 +1,97 @@
+"""Checkpoints: save -> drop everything -> restore -> continue is bit-identical; restores onto
+another trainer-mesh shape; keeps the last K; carries registered extras; exports to HF."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl.sharding import make_mesh
+from jaxrl.train.checkpoint import Checkpointer, export_hf
+from jaxrl.train.state import train_state_shardings
+from jaxrl.train.trainer import Trainer
+
+
+def _equal(a, b):
+    same = jax.tree.map(
+        lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b
+    )
+    return all(jax.tree.leaves(same))
+
+
+@pytest.fixture(scope="module")
+def run(model_cfg, mesh, train_cfg, make_toy, tmp_path_factory):
+    """An uninterrupted 4-step run, and a run checkpointed at step 2 (with a data position)."""
+    batches = [make_toy(seed=10 + i) for i in range(4)]
+    straight = Trainer(model_cfg, train_cfg, mesh)
+    for b in batches:
+        straight.step(b)
+    straight.flush()
+
+    ckpt_dir = tmp_path_factory.mktemp("ckpt")
+    first = Trainer(model_cfg, train_cfg, mesh)
+    ckpt = Checkpointer(ckpt_dir, every=2, keep=2)
+    data = {"next_batch": 0}
+    ckpt.register("data", get=lambda: dict(data), set=data.update)
+    for b in batches[:2]:
+        first.step(b)
+        data["next_batch"] += 1
+        ckpt.maybe_save(first.state)  # async; saves at step 2 only
+    first.flush()
+    saved = jax.device_get(first.state)
+    ckpt.close()
+    return dict(batches=batches, straight=straight, dir=ckpt_dir, saved=saved)
+
+
+def test_restore_and_continue_is_bit_identical(run, model_cfg, mesh, train_cfg):
+    # "kill": nothing of the first run survives but the checkpoint directory.
+    resumed = Trainer(model_cfg, train_cfg, mesh)
+    ckpt = Checkpointer(run["dir"], every=2, keep=2)
+    data = {"next_batch": -1}
+    ckpt.register("data", get=lambda: dict(data), set=data.update)
+    resumed.replace_state(ckpt.restore(resumed.abstract_state))
+    assert ckpt.all_steps() == [2] and data["next_batch"] == 2
+    assert int(resumed.state.step) == 2
+    for b in run["batches"][data["next_batch"] :]:
+        resumed.step(b)
+    resumed.flush()
+    assert _equal(resumed.state, run["straight"].state), "resumed run diverged from the straight one"
+    ckpt.close()
+
+
+@pytest.mark.parametrize("shape", [(4, 2), (1, 1)])
+def test_restore_onto_another_mesh_shape(run, model_cfg, train_cfg, shape):
+    n = shape[0] * shape[1]
+    other = make_mesh(shape, "trainer", jax.devices()[-n:])
+    abstract, shardings = train_state_shardings(model_cfg, train_cfg, other)
+    ckpt = Checkpointer(run["dir"], every=2, keep=2)
+    ckpt.register("data", get=dict, set=lambda v: None)
+    state = ckpt.restore(abstract)
+    assert _equal(state, run["saved"])
+    leaf = jax.tree.leaves(state.params)[0]
+    assert leaf.sharding == jax.tree.leaves(shardings.params)[0]
+    ckpt.close()
+
+
+def test_keeps_last_k_and_every_n(run, tmp_path):
+    state = run["saved"]
+    ckpt = Checkpointer(tmp_path, every=2, keep=2)
+    for step in range(1, 8):
+        ckpt.maybe_save(state.replace(step=np.int32(step)))
+    ckpt.wait()
+    assert ckpt.all_steps() == [4, 6]
+    with pytest.raises(ValueError, match="keep >= 1"):
+        Checkpointer(tmp_path / "x", every=1, keep=0)
+    ckpt.close()
+
+
+def test_export_hf_round_trips(run, model_cfg, train_cfg, mesh, tmp_path):
+    from flax import nnx
+
+    from jaxrl.models.hf import load_pretrained
+
+    tr = run["straight"]
+    export_hf(tr.graphdef, tr.state.params, model_cfg, tmp_path / "hf")
+    _, model = load_pretrained(tmp_path / "hf")
+    back = nnx.to_pure_dict(nnx.state(model))
+    close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=0)
+    jax.tree.map(close, back, jax.device_get(tr.state.params))
