@@ -24,10 +24,19 @@ def bench_model_config(args):
     from jaxrl.config import ModelConfig
 
     return ModelConfig(
-        architecture="qwen2", vocab_size=32000, hidden_size=512, intermediate_size=1408,
-        num_layers=8, num_heads=8, num_kv_heads=2, qkv_bias=True, tie_embeddings=True,
-        max_position_embeddings=max(args.seq, 512), attention_impl="auto",
-        dtype=args.dtype, param_dtype="float32",
+        architecture="qwen2",
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=2,
+        qkv_bias=True,
+        tie_embeddings=True,
+        max_position_embeddings=max(args.seq, 512),
+        attention_impl="auto",
+        dtype=args.dtype,
+        param_dtype="float32",
     )
 
 
@@ -76,11 +85,16 @@ def bench_torch(args, model_cfg, inputs):
 
     torch.set_num_threads(args.torch_threads)
     hf_cfg = transformers.Qwen2Config(
-        vocab_size=model_cfg.vocab_size, hidden_size=model_cfg.hidden_size,
-        intermediate_size=model_cfg.intermediate_size, num_hidden_layers=model_cfg.num_layers,
-        num_attention_heads=model_cfg.num_heads, num_key_value_heads=model_cfg.num_kv_heads,
-        max_position_embeddings=model_cfg.max_position_embeddings, tie_word_embeddings=True,
-        rope_theta=model_cfg.rope_theta, rms_norm_eps=model_cfg.rms_norm_eps,
+        vocab_size=model_cfg.vocab_size,
+        hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.intermediate_size,
+        num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_heads,
+        num_key_value_heads=model_cfg.num_kv_heads,
+        max_position_embeddings=model_cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        rope_theta=model_cfg.rope_theta,
+        rms_norm_eps=model_cfg.rms_norm_eps,
     )
     torch.manual_seed(0)
     model = transformers.Qwen2ForCausalLM(hf_cfg).float().train()
@@ -129,17 +143,29 @@ def main(argv: list[str]) -> int:
     tokens = args.batch * args.seq
     step_s, mfu, peak = bench_jax(args, model_cfg, inputs)
     out = {
-        "model_params": model_cfg.num_params(), "batch": args.batch, "seq": args.seq,
-        "flops_per_token": train_flops_per_token(model_cfg, args.seq), "peak_flops": peak,
-        "jax_step_s": step_s, "jax_tokens_per_s": tokens / step_s, "jax_mfu": mfu,
+        "model_params": model_cfg.num_params(),
+        "batch": args.batch,
+        "seq": args.seq,
+        "flops_per_token": train_flops_per_token(model_cfg, args.seq),
+        "peak_flops": peak,
+        "jax_step_s": step_s,
+        "jax_tokens_per_s": tokens / step_s,
+        "jax_mfu": mfu,
     }
-    print(f"jax   : {tokens / step_s:9.1f} tokens/s  step {step_s:.3f}s  MFU {mfu:.1%} "
-          f"(peak {peak / 1e9:.1f} GFLOP/s)", flush=True)
+    print(
+        f"jax   : {tokens / step_s:9.1f} tokens/s  step {step_s:.3f}s  MFU {mfu:.1%} "
+        f"(peak {peak / 1e9:.1f} GFLOP/s)",
+        flush=True,
+    )
     if args.vs == "torch":
         t_s = bench_torch(args, model_cfg, inputs)
         t_mfu = train_flops_per_token(model_cfg, args.seq) * tokens / t_s / peak
-        out.update(torch_step_s=t_s, torch_tokens_per_s=tokens / t_s, torch_mfu=t_mfu,
-                   ratio_vs_torch=t_s / step_s)
+        out.update(
+            torch_step_s=t_s,
+            torch_tokens_per_s=tokens / t_s,
+            torch_mfu=t_mfu,
+            ratio_vs_torch=t_s / step_s,
+        )
         print(f"torch : {tokens / t_s:9.1f} tokens/s  step {t_s:.3f}s  MFU {t_mfu:.1%}")
         print(f"jax / torch tokens/s: {t_s / step_s:.2f}x")
     print(json.dumps(out))

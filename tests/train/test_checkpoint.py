@@ -12,9 +12,7 @@ from jaxrl.train.trainer import Trainer
 
 
 def _equal(a, b):
-    same = jax.tree.map(
-        lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b
-    )
+    same = jax.tree.map(lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)
     return all(jax.tree.leaves(same))
 
 
@@ -54,7 +52,9 @@ def test_restore_and_continue_is_bit_identical(run, model_cfg, mesh, train_cfg):
     for b in run["batches"][data["next_batch"] :]:
         resumed.step(b)
     resumed.flush()
-    assert _equal(resumed.state, run["straight"].state), "resumed run diverged from the straight one"
+    assert _equal(resumed.state, run["straight"].state), (
+        "resumed run diverged from the straight one"
+    )
     ckpt.close()
 
 

@@ -49,4 +49,6 @@ def test_one_step_golden(model_cfg, mesh, train_cfg, make_toy):
         GOLDEN.write_text(json.dumps(got, indent=1) + "\n")
     want = json.loads(GOLDEN.read_text())
     for k, v in want.items():
-        np.testing.assert_allclose(got[k], v, rtol=RTOL, atol=1e-7, err_msg=f"{k}: {WHEN_TO_UPDATE}")
+        np.testing.assert_allclose(
+            got[k], v, rtol=RTOL, atol=1e-7, err_msg=f"{k}: {WHEN_TO_UPDATE}"
+        )
