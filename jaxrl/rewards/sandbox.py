@@ -162,7 +162,8 @@ def apply_seccomp(allow_unix_sockets: bool) -> str:
 def private_mounts(tmp_mb: int, shm_mb: int, expose: tuple = ()) -> None:
     """Root without user namespaces: a private mount namespace where every host filesystem is
     read-only and /tmp, /var/tmp, /dev/shm are fresh size-capped tmpfs (so a job can neither
-    leave files on the host nor see another slot's). Each `expose` path (the interpreter's
+    leave files on the host nor see another slot's), and /proc shows a job only its own
+    processes (hidepid). Each `expose` path (the interpreter's
     prefix) is made reachable by covering its first untraversable ancestor (e.g. a 0700 /root)
     with an empty tmpfs and binding the path back: the rest of that ancestor stays hidden."""
     ctypes, libc = _libc()
@@ -204,6 +205,10 @@ def private_mounts(tmp_mb: int, shm_mb: int, expose: tuple = ()) -> None:
         if os.path.isdir(d):
             check(libc.mount(b"tmpfs", d.encode(), b"tmpfs", 2 | 4,
                              f"size={mb}m,mode=1777".encode()), f"tmpfs on {d}")
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
+    if release >= (5, 8):  # per-mount proc options; older kernels would change the host's /proc
+        check(libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, b"hidepid=invisible"),
+              "proc with hidepid")  # jobs see only their own uid's processes
 
 
 def _prctl(option: int, arg: int) -> None:
@@ -245,7 +250,7 @@ class Zygote:
                 private_mounts(**cfg["private_mounts"])
                 cfg.update(jobdir="/tmp/job", wipe=["/tmp", "/var/tmp", "/dev/shm"],
                            sweep_owned=[], prefix_fd_path=None)
-                self.notes.append("private mount namespace: host read-only, own /tmp, /dev/shm")
+                self.notes.append("private mounts: host read-only, own /tmp /dev/shm, hidepid /proc")
             except OSError as e:
                 self.notes.append(f"no private mounts ({e}): sweeping /tmp, /var/tmp, /dev/shm")
         self.sys_path = list(sys.path)
