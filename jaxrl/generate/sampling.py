@@ -14,6 +14,7 @@ depend neither on the slot a request lands in nor on what else is in the batch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -82,12 +83,42 @@ def sample_key(key_data_2, sample_index, token_index):
     return jax.random.fold_in(jax.random.fold_in(key, sample_index), token_index)
 
 
-def transform_logits(logits_BV, temperature_B, top_k_B, top_p_B):
+def _threshold(desc_BK, x_BV, top_k_B, top_p_B):
+    """The smallest kept value per row, from the row's largest values in descending order.
+
+    Top-k keeps values >= the k-th largest; top-p then keeps the entries whose preceding mass
+    (in descending order, renormalised over the top-k set) is below `top_p`. Also returns whether
+    `desc_BK` held enough values to decide (always true when it holds the whole row).
+    """
+    kk = desc_BK.shape[-1]
+    k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, kk), kk)
+    kth_B1 = jnp.take_along_axis(desc_BK, (k_B - 1)[:, None], axis=-1)
+    desc_BK = jnp.where(desc_BK >= kth_B1, desc_BK, _NEG_INF)
+    # Normalise over the top-k set, or over the whole row when top-k is off.
+    lse_B1 = jnp.where((top_k_B > 0)[:, None],
+                       jax.nn.logsumexp(desc_BK, axis=-1, keepdims=True),
+                       jax.nn.logsumexp(x_BV, axis=-1, keepdims=True))
+    probs_BK = jnp.exp(desc_BK - lse_B1)
+    before_BK = jnp.cumsum(probs_BK, axis=-1) - probs_BK  # mass strictly ahead of each entry
+    keep_BK = (before_BK < top_p_B[:, None]) | (top_p_B[:, None] >= 1.0)
+    keep_BK = keep_BK & (desc_BK > _NEG_INF)
+    num_keep_B = jnp.maximum(jnp.sum(keep_BK, axis=-1), 1)
+    threshold_B1 = jnp.take_along_axis(desc_BK, (num_keep_B - 1)[:, None], axis=-1)
+    decided_B = (((top_k_B > 0) & (top_k_B <= kk)) | (kk == x_BV.shape[-1])
+                 | ((top_k_B == 0) & (jnp.sum(probs_BK, axis=-1) >= top_p_B)))
+    return threshold_B1, decided_B
+
+
+def transform_logits(logits_BV, temperature_B, top_k_B, top_p_B, *, candidates: int = 64):
     """Logits of the distribution actually sampled from; filtered-out entries are -inf.
 
     Greedy rows (temperature <= 0) are returned unscaled and unfiltered. Top-k keeps every entry
     >= the k-th largest value (ties kept, as `transformers` does); top-p then keeps the smallest
     prefix, by descending probability, whose mass reaches `top_p`.
+
+    Sorting a whole vocabulary row is slow on CPU, so the filters first look at the row's
+    `candidates` largest values (`lax.top_k`); only when a row's kept set may extend beyond them
+    (top_k > candidates, or a nucleus with more mass outside) is the full row sorted.
     """
     v = logits_BV.shape[-1]
     sampling_B = temperature_B > 0
@@ -95,33 +126,55 @@ def transform_logits(logits_BV, temperature_B, top_k_B, top_p_B):
     x_BV = logits_BV.astype(jnp.float32) / scale_B[:, None]
     filter_B = sampling_B & ((top_k_B > 0) | (top_p_B < 1.0))
 
-    def filtered(x_BV):
-        desc_BV = -jnp.sort(-x_BV, axis=-1)
-        k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, v), v)
-        kth_B1 = jnp.take_along_axis(desc_BV, (k_B - 1)[:, None], axis=-1)
-        desc_BV = jnp.where(desc_BV >= kth_B1, desc_BV, _NEG_INF)
-        probs_BV = jax.nn.softmax(desc_BV, axis=-1)
-        before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV  # mass strictly ahead of each entry
-        keep_BV = (before_BV < top_p_B[:, None]) | (top_p_B[:, None] >= 1.0)
-        keep_BV = keep_BV & (desc_BV > _NEG_INF)
-        num_keep_B = jnp.maximum(jnp.sum(keep_BV, axis=-1), 1)
-        threshold_B1 = jnp.take_along_axis(desc_BV, (num_keep_B - 1)[:, None], axis=-1)
+    def apply(threshold_B1, x_BV):
         out_BV = jnp.where(x_BV >= threshold_B1, x_BV, _NEG_INF)
         return jnp.where(filter_B[:, None], out_BV, x_BV)
 
-    # The sort is the costly part; skip it when no row asks for a filter.
+    def full_sort(x_BV):
+        return apply(_threshold(-jnp.sort(-x_BV, axis=-1), x_BV, top_k_B, top_p_B)[0], x_BV)
+
+    def filtered(x_BV):
+        top_BK, _ = jax.lax.top_k(x_BV, min(candidates, v))
+        threshold_B1, decided_B = _threshold(top_BK, x_BV, top_k_B, top_p_B)
+        return jax.lax.cond(jnp.any(filter_B & ~decided_B), full_sort,
+                            functools.partial(apply, threshold_B1), x_BV)
+
     return jax.lax.cond(jnp.any(filter_B), filtered, lambda x: x, x_BV)
 
 
-def _inverse_cdf(probs_BV, u_B):
-    """Index of the first entry whose cumulative probability exceeds `u * total`, per row."""
-    cdf_BV = jnp.cumsum(probs_BV, axis=-1)
-    threshold_B1 = u_B[:, None] * cdf_BV[:, -1:]
-    idx_B = jnp.sum(cdf_BV <= threshold_B1, axis=-1)
-    # Rounding can push the threshold to the total: fall back to the last entry with mass.
-    v = probs_BV.shape[-1]
-    last_B = v - 1 - jnp.argmax(probs_BV[:, ::-1] > 0, axis=-1)
-    return jnp.minimum(idx_B, last_B).astype(jnp.int32)
+def _first_above(probs_BN, threshold_B):
+    """Per row: the first index whose inclusive cumulative sum exceeds `threshold`, and the mass
+    before it. Rounding can push the threshold past the total: then the last entry with mass."""
+    cdf_BN = jnp.cumsum(probs_BN, axis=-1)
+    idx_B = jnp.sum(cdf_BN <= threshold_B[:, None], axis=-1)
+    iota_N = jnp.arange(probs_BN.shape[-1], dtype=jnp.int32)
+    last_B = jnp.max(jnp.where(probs_BN > 0, iota_N[None, :], 0), axis=-1)
+    idx_B = jnp.minimum(idx_B, last_B)
+    before_B = jnp.take_along_axis(cdf_BN - probs_BN, idx_B[:, None], axis=-1)[:, 0]
+    return idx_B.astype(jnp.int32), before_B
+
+
+def _inverse_cdf(probs_BV, u_B, block: int = 128):
+    """Inverse-CDF sampling: the entry where the cumulative mass first exceeds `u * total`.
+
+    Two levels (block sums, then within the chosen block) keep the scans short on CPU.
+    """
+    b, v = probs_BV.shape
+    n = -(-v // block)
+    blocks_BNW = jnp.pad(probs_BV, ((0, 0), (0, n * block - v))).reshape(b, n, block)
+    sums_BN = jnp.sum(blocks_BNW, axis=-1)
+    threshold_B = u_B * jnp.sum(sums_BN, axis=-1)
+    blk_B, before_B = _first_above(sums_BN, threshold_B)
+    within_BW = jnp.take_along_axis(blocks_BNW, blk_B[:, None, None], axis=1)[:, 0]
+    idx_B, _ = _first_above(within_BW, threshold_B - before_B)
+    return blk_B * block + idx_B
+
+
+def _argmax(x_BV):
+    """First index of the row maximum (two plain reductions: faster than argmax on CPU)."""
+    max_B1 = jnp.max(x_BV, axis=-1, keepdims=True)
+    iota_V = jnp.arange(x_BV.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where(x_BV == max_B1, iota_V[None, :], x_BV.shape[-1]), axis=-1)
 
 
 def sample_tokens(logits_BV, keys_B, temperature_B, top_k_B, top_p_B):
@@ -135,7 +188,7 @@ def sample_tokens(logits_BV, keys_B, temperature_B, top_k_B, top_p_B):
     u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_B)
     sampled_B = _inverse_cdf(jnp.exp(logp_BV), u_B)
     greedy_B = temperature_B <= 0
-    tokens_B = jnp.where(greedy_B, jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), sampled_B)
+    tokens_B = jnp.where(greedy_B, _argmax(logits_BV), sampled_B)
     logprobs_B = jnp.take_along_axis(logp_BV, tokens_B[:, None], axis=-1)[:, 0]
     return tokens_B, logprobs_B
 

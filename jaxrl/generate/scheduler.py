@@ -147,7 +147,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ chunks
 
-    def _refill(self) -> None:
+    def refill(self) -> None:
+        """Prefill and insert queued samples into free slots (`step` does this first)."""
         engine = self.engine
         for slot in range(engine.num_slots):
             if self._slots[slot] is not None:
@@ -174,7 +175,7 @@ class Scheduler:
     def step(self) -> list[Completion]:
         """Refill free slots, run one decode chunk, return the samples that finished in it."""
         start = time.perf_counter()
-        self._refill()
+        self.refill()
         if self.num_running == 0:
             return []
         waiting = bool(self._queue)

@@ -33,12 +33,14 @@ ROWS = [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.5, 10, 0.6), (0.0, 3, 0.
         (1.0, 200, 0.95)]
 
 
-def test_transform_matches_transformers_processors():
+@pytest.mark.parametrize("candidates", [4, 64, 1000])  # sort fallback, mixed, candidates only
+def test_transform_matches_transformers_processors(candidates):
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(len(ROWS), 97)).astype(np.float32) * 3
     t, k, p = (np.array(c) for c in zip(*ROWS, strict=True))
     out = np.asarray(transform_logits(jnp.asarray(logits), jnp.asarray(t, jnp.float32),
-                                      jnp.asarray(k, jnp.int32), jnp.asarray(p, jnp.float32)))
+                                      jnp.asarray(k, jnp.int32), jnp.asarray(p, jnp.float32),
+                                      candidates=candidates))
     for i, row in enumerate(ROWS):
         want = _hf_transform(logits[i], *row)
         np.testing.assert_array_equal(np.isfinite(out[i]), np.isfinite(want), err_msg=str(row))

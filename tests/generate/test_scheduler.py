@@ -106,7 +106,8 @@ def test_set_params_swaps_weights_without_recompiling(engine, model):
     def perturb(state):
         leaves, tree = jax.tree.flatten(state)
         keys = jax.random.split(jax.random.key(0), len(leaves))
-        noisy = [x + 0.5 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+        noisy = [x + 0.5 * jax.random.normal(k, x.shape, x.dtype)
+                 for x, k in zip(leaves, keys, strict=True)]
         return jax.tree.unflatten(tree, noisy)
 
     other = perturb(state)
