@@ -250,7 +250,7 @@ class Zygote:
                 private_mounts(**cfg["private_mounts"])
                 cfg.update(jobdir="/tmp/job", wipe=["/tmp", "/var/tmp", "/dev/shm"],
                            sweep_owned=[], prefix_fd_path=None)
-                self.notes.append("private mounts: host read-only, own /tmp /dev/shm, hidepid /proc")
+                self.notes.append("private mounts: read-only host, own /tmp /dev/shm, hidepid")
             except OSError as e:
                 self.notes.append(f"no private mounts ({e}): sweeping /tmp, /var/tmp, /dev/shm")
         self.sys_path = list(sys.path)
