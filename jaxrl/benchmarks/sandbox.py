@@ -25,7 +25,9 @@ STDIN, EXPECTED = "1000", f"{sum(i * i for i in range(1000))}\n"
 
 
 def _closed_loop(run_one, jobs: int, workers: int) -> tuple[float, list[float], list]:
-    """`workers` threads call `run_one()` until `jobs` calls are done; (seconds, latencies, extra)."""
+    """`workers` threads call `run_one()` until `jobs` calls are done.
+
+    Returns (seconds, per-call latencies, per-call return values)."""
     lat, extra, lock = [], [], threading.Lock()
     left = [jobs]
 
@@ -110,7 +112,8 @@ def main(argv: list[str]) -> int:
         print("sandbox bench: the fresh-python3 baseline gave wrong results", file=sys.stderr)
         return 1
     print(_fmt("fresh python3", b_secs, b_lat, args.baseline_jobs, workers, b_cpu))
-    print(f"load average {os.getloadavg()[0]:.1f} (shared machine: per CPU-s is the steadier figure)")
+    load = os.getloadavg()[0]
+    print(f"load average {load:.1f} (on a shared machine, exec per CPU-s is the steadier figure)")
     ratio = (args.jobs / secs) / (args.baseline_jobs / b_secs)
     print(f"ratio warm/fresh: {ratio:.1f}x executions/s, "
           f"{_pct(b_lat, 0.5) / _pct(lat, 0.5):.1f}x lower p50 latency")
