@@ -63,6 +63,7 @@ class TierPlan:
     stage: list = dataclasses.field(default_factory=list)  # (source, stage mount point)
     binds: list = dataclasses.field(default_factory=list)  # (path bwrap sees, path inside)
     job_base: str | None = None  # tier B: parent of the per-slot job dirs
+    bwrap_flags: list = dataclasses.field(default_factory=list)  # optional flags it supports
 
 
 def find_bwrap() -> str | None:
@@ -110,6 +111,8 @@ def make_plan(tier: str) -> TierPlan:
                            "namespaces")
     plan = TierPlan("A", "tier A: bwrap, user/pid/net/ipc/uts namespaces, "
                     + ("per-slot uid" if root else "the pool's uid"), bwrap=bwrap, root=root)
+    usage = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+    plan.bwrap_flags = [f for f in ("--disable-userns", "--unshare-cgroup-try") if f in usage]
     needed = [(prefix, prefix)] if not prefix.startswith("/usr/") else []
     if not exe.startswith(prefix + "/") and not exe.startswith("/usr/"):
         needed.append((os.path.dirname(exe), os.path.dirname(exe)))
@@ -150,8 +153,8 @@ def zygote_command(plan: TierPlan, uid: int | None) -> tuple[list[str], dict]:
     cfg.update(jobdir="/tmp/job", wipe=["/tmp", "/dev/shm"], allow_unix_sockets=True,
                nproc=256 if uid is not None else 0)
     argv = [plan.bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-            "--unshare-uts", "--unshare-cgroup-try", "--disable-userns", "--die-with-parent",
-            "--as-pid-1", "--hostname", "sandbox"]  # no --new-session: every job calls setsid
+            "--unshare-uts", *plan.bwrap_flags, "--die-with-parent", "--as-pid-1",
+            "--hostname", "sandbox"]  # no --new-session: every job calls setsid
     # itself (no controlling tty), and a session of its own puts the zygote in a separate
     # scheduler autogroup, which doubled its latency on a loaded machine.
     for d in ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
