@@ -185,13 +185,18 @@ class UidLease:
     def __init__(self, base: int = 60000, span: int = 4096):
         lock_dir = os.path.join(tempfile.gettempdir(), "jaxrl-sandbox-uids")
         os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+        st = os.lstat(lock_dir)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise RuntimeError(f"{lock_dir} must be a directory owned by uid {os.geteuid()} and "
+                               "writable only by it (it holds the sandbox uid leases)")
         for uid in range(base, base + span):
             try:
                 pwd.getpwuid(uid)
                 continue
             except KeyError:
                 pass
-            fd = os.open(os.path.join(lock_dir, str(uid)), os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(os.path.join(lock_dir, str(uid)),
+                         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -511,7 +516,8 @@ class _Slot:
             got = self.zygote.run(job) if self.zygote is not None else None
         if got is None:
             why = self.zygote.failure if self.zygote is not None else "could not start"
-            self._replace()
+            if self.zygote is not None:
+                self._replace()
             return SandboxResult("killed", None, "", f"sandbox worker {why} during this job; it "
                                  "was replaced", wall_s=time.monotonic() - t0, queue_s=t0 - t_enq)
         status, code, t_sent, t_start, t_end, out, err = got
