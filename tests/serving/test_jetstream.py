@@ -13,14 +13,18 @@ pytest.importorskip(
 
 import asyncio  # noqa: E402
 import logging  # noqa: E402
+import threading  # noqa: E402
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
 from jetstream.core import orchestrator  # noqa: E402
 from jetstream.core.proto import jetstream_pb2  # noqa: E402
 
 from jaxrl.generate import JaxEngine, SamplingParams, sample  # noqa: E402
 from jaxrl.models import create_model  # noqa: E402
 from jaxrl.serving.jetstream_adapter import (  # noqa: E402
+    NO_BOS,
     JetStreamEngine,
     make_driver,
     make_jetstream_engines,
@@ -40,7 +44,14 @@ MAX_TOKENS = [6, 11, 3, 9]
 
 @pytest.fixture(scope="module")
 def model():
-    return create_model(tiny_model_config(), seed=0)
+    """The tiny model with weights redrawn at std 0.2: at its default init, greedy decoding just
+    repeats the last prompt token, which would hide an off-by-one in the token stream."""
+    graphdef, state = nnx.split(create_model(tiny_model_config(), seed=0))
+    leaves, treedef = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    leaves = [x if float(jnp.std(x)) == 0 else 0.2 * jax.random.normal(k, x.shape, x.dtype)
+              for x, k in zip(leaves, keys, strict=True)]
+    return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +93,16 @@ def _text_request(text, max_tokens):
 
 
 def _serve(engines, requests):
-    """Submit all requests at once through JetStream's Driver; (token ids, text) per request."""
+    """Submit all requests at once through JetStream's Driver; (token ids, text) per request.
+
+    The event loop runs in its own thread until the driver has stopped, as in JetStream's server:
+    the detokenize thread still posts to a request's loop just after the client has seen the
+    stream's end, and a closed loop there makes JetStream kill the process.
+    """
     driver = make_driver(*engines)
+    loop = asyncio.new_event_loop()
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    loop_thread.start()
     try:
         client = orchestrator.LLMOrchestrator(driver=driver)
 
@@ -96,12 +115,14 @@ def _serve(engines, requests):
             return ids, "".join(text)
 
         async def all_requests():
-            return await asyncio.wait_for(asyncio.gather(*(one(r) for r in requests)),
-                                          TIMEOUT_S)
+            return await asyncio.gather(*(one(r) for r in requests))
 
-        return asyncio.run(all_requests())
+        return asyncio.run_coroutine_threadsafe(all_requests(), loop).result(TIMEOUT_S)
     finally:
         driver.stop()
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join()
+        loop.close()
 
 
 def test_engine_implements_jetstream_api(model, tok, interleaved):
@@ -124,6 +145,17 @@ def test_interleaved_greedy_matches_sample(tok, interleaved, reference):
     want = reference([[tok.bos_id, *p] for p in PROMPTS], MAX_TOKENS)
     assert [ids for ids, _ in got] == want
     assert [len(ids) for ids, _ in got] == MAX_TOKENS
+    assert len(set(want[1])) > 3  # the model does not just repeat a token
+
+
+def test_tokenizer_without_bos(interleaved, reference):
+    """With no BOS id (Qwen-style, or no tokenizer) the placeholder JetStream prepends is dropped:
+    the stream equals `sample(prompt)`. Shares the interleaved engine's compiled functions."""
+    engine = JetStreamEngine(interleaved[0].engine, tokenizer=None)
+    assert engine.build_tokenizer(engine.get_tokenizer()).bos_id == NO_BOS
+    got = _serve((engine, engine), [_token_request(p, m) for p, m in zip(PROMPTS[:2], [5, 7],
+                                                                             strict=True)])
+    assert [ids for ids, _ in got] == reference(PROMPTS[:2], [5, 7])
 
 
 def test_disaggregated_meshes_text_and_stop(model, tok, reference):
@@ -156,3 +188,17 @@ def test_rejected_request_gets_empty_stream(tok, interleaved, reference):
     got = _serve(interleaved, [_token_request([5, 10_000], 4), _token_request([5], 4)])
     assert got[0][0] == []
     assert got[1][0] == reference([[tok.bos_id, 5]], [4])[0]
+
+
+def test_launcher_builds_engines():
+    """`python -m jaxrl.serving.jetstream` argument handling (the gRPC server is not started)."""
+    from jaxrl.serving import jetstream as launcher
+
+    args = launcher.parse_args(["--model", "tiny", "--num-slots", "2", "--max-len", "64"])
+    prefill, generate = launcher.build(args)
+    assert prefill is generate and generate.max_concurrent_decodes == 2
+    assert generate.build_tokenizer(generate.get_tokenizer()).bos_id == CharTokenizer().bos_id
+    args = launcher.parse_args(["--model", "tiny", "--max-len", "64", "--prefill-devices", "1",
+                                "--generate-devices", "2", "--tokenizer", "none"])
+    prefill, generate = launcher.build(args)
+    assert prefill.mesh.devices.size == 1 and generate.mesh.devices.size == 2
