@@ -90,19 +90,31 @@ def _others_can_read(path: str) -> bool:
     return bool(mode & stat.S_IROTH) and (not stat.S_ISDIR(mode) or bool(mode & stat.S_IXOTH))
 
 
+def _can_switch_uids(base: int = 60000, span: int = 4096) -> bool:
+    """Root whose user namespace maps the slot uids (not e.g. root of a rootless container)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        with open("/proc/self/uid_map") as f:
+            rows = [tuple(map(int, line.split())) for line in f if line.strip()]
+    except OSError:
+        return True
+    return any(inside <= base and base + span <= inside + count for inside, _, count in rows)
+
+
 def _python() -> tuple[str, str]:
     return os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)
 
 
 def make_plan(tier: str) -> TierPlan:
     """Plans tier "A" or "B" for this machine (no process started; see `LocalSandboxPool`)."""
-    root = os.geteuid() == 0
+    root = _can_switch_uids()
     exe, prefix = _python()
     if tier == "B":
         base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
         job_base = tempfile.mkdtemp(prefix="jaxrl-sandbox-", dir=base)
         os.chmod(job_base, 0o711)  # the slot uids only need to pass through
-        how = "per-slot uid, " if root else "no uid switch (not root), "
+        how = "per-slot uid, " if root else "no uid switch (not root of the host), "
         return TierPlan("B", f"tier B: {how}rlimits, seccomp, no user namespaces", root=root,
                         job_base=job_base)
     bwrap = find_bwrap()

@@ -11,6 +11,8 @@ import logging
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -289,3 +291,42 @@ def test_host_filesystem_read_only(pool):
         assert os.listdir(shared) == []
     finally:
         shutil.rmtree(shared)
+
+
+UNPRIVILEGED_CHECK = """
+import os, time
+from jaxrl.rewards import LocalSandboxPool, SandboxJob
+with LocalSandboxPool(num_workers=1, tier={tier!r}) as pool:
+    assert pool.slot_uids == [], pool.slot_uids
+    r, t = pool.run([
+        SandboxJob(code="import os\\nif os.fork() == 0:\\n    os.setsid()\\n"
+                        "    os.execv('/bin/sleep', ['sleep', '60.123'])\\nprint('forked')"),
+        SandboxJob(code="import time; time.sleep(60)", timeout_s=0.5)])
+    assert r.status == "ok" and t.status == "timeout", (r, t)
+    time.sleep(0.3)
+    left = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if open(f"/proc/{{p}}/cmdline", "rb").read() == b"sleep\\x0060.123\\x00":
+                left.append(p)
+        except OSError:
+            pass
+    print("TIER", pool.tier, "LEFT", left)
+"""
+
+
+@pytest.mark.parametrize("tier", ["A", "B"])
+def test_without_uid_switching(tier):
+    """Root of a user namespace that maps only itself (a rootless container): no per-slot uids,
+    the pool still isolates and sweeps."""
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux `unshare` is not installed")
+    if tier == "A" and (why := _tier_a_reason()):
+        pytest.skip(f"tier A (user namespaces via bwrap) unavailable here: {why}")
+    cmd = ["unshare", "--user", "--map-root-user", sys.executable, "-c",
+           UNPRIVILEGED_CHECK.format(tier=tier)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if p.returncode != 0 and "unshare failed" in p.stderr:
+        pytest.skip(f"user namespaces unavailable: {p.stderr.strip()}")
+    assert p.returncode == 0, p.stderr
+    assert f"TIER {tier} LEFT []" in p.stdout, p.stdout
