@@ -32,7 +32,7 @@ from jaxrl.train.objective import (
     policy_objective,
     prepare_targets,
 )
-from jaxrl.train.state import TrainState
+from jaxrl.train.state import TrainState, learning_rate_schedule
 
 
 def _micro_loss(params, mb: Batch, tg: Targets, *, graphdef, cfg: TrainConfig):
@@ -101,6 +101,7 @@ def train_step(state: TrainState, batch: Batch, *, graphdef, cfg: TrainConfig, t
         nonfinite_skips=state.nonfinite_skips + (~finite).astype(jnp.int32),
     )
     stats["train/grad_norm"] = grad_norm
+    stats["train/lr"] = learning_rate_schedule(cfg)(state.step)
     stats["train/nonfinite"] = (~finite).astype(jnp.int32)
     stats["train/step"] = new_state.step
     return new_state, stats
