@@ -36,15 +36,13 @@ import threading
 import time
 
 from jaxrl.rewards import sandbox as sb
-from jaxrl.rewards.types import SandboxJob, SandboxResult
+from jaxrl.rewards.types import MAX_OUTPUT_CAP, SandboxJob, SandboxResult, validate_jobs
 
 log = logging.getLogger(__name__)
 
 TIERS = ("auto", "A", "B")
 PREIMPORT = ("math", "re", "json", "collections", "itertools", "functools", "heapq", "bisect",
              "string", "random", "ast", "fractions", "decimal", "statistics", "typing")
-MAX_CODE_BYTES = 4 << 20
-MAX_OUTPUT_CAP = 64 << 20
 TMP_MB, SHM_MB = 256, 64  # private /tmp (job dir included) and /dev/shm per slot; count as memory
 _READY_TIMEOUT_S = 20.0
 _REPLY_GRACE_S = 10.0  # beyond the job's timeout: the zygote's own kill + sweep is bounded by ~5 s
@@ -419,32 +417,6 @@ def metrics(stats: dict) -> dict[str, float]:
     """The stable `sandbox/*` metric names (docs/metrics.md) from a `stats()` dict."""
     return {"sandbox/queue_wait_s_p50": stats["queue_wait_s_p50"],
             "sandbox/exec_s_p50": stats["exec_s_p50"], "sandbox/timeouts": stats["timeouts"]}
-
-
-def validate_jobs(jobs) -> list[SandboxJob]:
-    jobs = list(jobs)
-    for i, job in enumerate(jobs):
-        if not isinstance(job, SandboxJob):
-            raise TypeError(f"jobs[{i}] must be a SandboxJob, got {type(job).__name__}")
-        if not isinstance(job.code, str) or len(job.code) > MAX_CODE_BYTES:
-            raise ValueError(f"jobs[{i}].code must be a str of at most {MAX_CODE_BYTES} chars")
-        if not (isinstance(job.timeout_s, int | float) and 0 < job.timeout_s <= 3600):
-            raise ValueError(f"jobs[{i}].timeout_s must be in (0, 3600] s, got {job.timeout_s!r}")
-        if not (isinstance(job.memory_mb, int) and 32 <= job.memory_mb <= 1 << 20):
-            raise ValueError(f"jobs[{i}].memory_mb must be an int in [32, 1048576], "
-                             f"got {job.memory_mb!r}")
-        cap = job.max_output_bytes
-        if not (isinstance(cap, int) and 0 < cap <= MAX_OUTPUT_CAP):
-            raise ValueError(f"jobs[{i}].max_output_bytes must be in (0, {MAX_OUTPUT_CAP}], "
-                             f"got {job.max_output_bytes!r}")
-        if not isinstance(job.stdin, str | bytes):
-            raise ValueError(f"jobs[{i}].stdin must be str or bytes, "
-                             f"got {type(job.stdin).__name__}")
-        for name, content in job.files.items():
-            sb.check_job_path(name)
-            if not isinstance(content, str | bytes):
-                raise ValueError(f"jobs[{i}].files[{name!r}] must be str or bytes")
-    return jobs
 
 
 # ----------------------------------------------------------------------------- the pool
