@@ -131,11 +131,14 @@ class RaySandboxPool:
             try:
                 t_started, got = ray.get(ref)
             except ray.exceptions.RayError as e:
-                self._replace(a, actor)
-                if attempt == 0:
+                died = not isinstance(e, ray.exceptions.RayTaskError)  # not a raise inside it
+                if died:
+                    self._replace(a, actor)
+                if died and attempt == 0:
                     todo.append((b, 1))
                     continue
-                got = [SandboxResult("killed", None, "", f"sandbox actor died twice: {e}", 0.0, 0.0)
+                why = "died twice" if died else "failed"
+                got = [SandboxResult("killed", None, "", f"sandbox actor {why}: {e}", 0.0, 0.0)
                        for _ in batches[b]]
                 t_started = t_sent
             ray_wait = max(0.0, t_started - t_sent)  # includes cross-host clock skew, if any
