@@ -275,23 +275,55 @@ def parse_candidate(completion: str) -> tuple[str, str]:
     return "program", f"def f(x):\n    return ({expr})\n"
 
 
+def _harness_job(code: str, cases: list[TestCase], timeout_s: float, memory_mb: int):
+    nonce = secrets.token_hex(16)
+    job = SandboxJob(code=harness_source(code, cases, nonce), timeout_s=timeout_s,
+                     memory_mb=memory_mb)
+    return job, nonce
+
+
+def _expr_job(chunk, items, timeout_s, memory_mb):
+    """One job evaluating whitelisted expressions `chunk` = [(item index, source)], each case in
+    its own try (the harness's), so a raising candidate costs only its own cases."""
+    code = "\n".join(f"_c{j} = lambda x: ({src})" for j, (_, src) in enumerate(chunk))
+    cases, ids = [], []
+    for j, (k, _) in enumerate(chunk):
+        for x in items[k]["inputs"]:
+            cases.append(TestCase("expr", None, expr=f"_c{j}({int(x)})"))
+            ids.append(k)
+    job, nonce = _harness_job(code, cases, timeout_s, memory_mb)
+    return job, (nonce, ids, cases)
+
+
+def _run(pool, jobs, plan, entries):
+    results = pool.run(jobs)
+    if len(results) != len(jobs):
+        raise RuntimeError(f"pool returned {len(results)} results for {len(jobs)} jobs")
+    for (nonce, ids, cases), res in zip(plan, results, strict=True):
+        for k, e in zip(ids, parse_harness_output(res.stdout, nonce, len(cases)), strict=True):
+            entries.setdefault(k, []).append(e)
+    return results
+
+
 def pysynth_batch(
     items: Sequence[Mapping[str, Any]],
     *,
     pool,
     exprs_per_job: int = 64,
-    job_timeout_s: float = 2.0,
+    job_timeout_s: float = 5.0,
     memory_mb: int = 256,
     mode: str = "all",
     workers=None,
     timeout_s: float | None = None,
 ) -> list[float | Exception]:
-    """Scores completions with ONE `pool.run` call: 1.0 if the candidate agrees with the reference
+    """Scores completions with one `pool.run` call: 1.0 if the candidate agrees with the reference
     on every hidden input (mode="all") or the fraction it agrees on (mode="fraction").
 
-    `job_timeout_s` bounds each sandbox job (a chunk of expressions, or one program); a candidate
-    whose job ran out scores 0. `workers` / `timeout_s` (the scorer's per-item deadline for worker
-    rewards) are accepted and unused: this reward runs in the sandbox pool.
+    `job_timeout_s` bounds each sandbox job (a chunk of expressions, or one program). A program
+    that runs out of time scores 0. A shared expression job that fails (which whitelisted
+    expressions should never cause) is retried once with one job per candidate, so a fault is
+    pinned on the candidate that caused it. `workers` / `timeout_s` (the scorer's per-item
+    deadline for worker rewards) are accepted and unused: this reward runs in the sandbox pool.
     """
     del workers, timeout_s
     if mode not in ("all", "fraction"):
@@ -311,40 +343,32 @@ def pysynth_batch(
             exprs.append((k, code))
         elif kind == "program":
             cases = [TestCase("call", None, fn="f", args=(x,)) for x in item["inputs"]]
-            nonce = secrets.token_hex(16)
-            jobs.append(SandboxJob(code=harness_source(code, cases, nonce), timeout_s=job_timeout_s,
-                                   memory_mb=memory_mb))
+            job, nonce = _harness_job(code, cases, job_timeout_s, memory_mb)
+            jobs.append(job)
             plan.append((nonce, [k] * len(cases), cases))
-    for start in range(0, len(exprs), exprs_per_job):
-        chunk = exprs[start:start + exprs_per_job]
-        code = "\n".join(f"_c{j} = lambda x: ({src})" for j, (_, src) in enumerate(chunk))
-        cases, ids = [], []
-        for j, (k, _) in enumerate(chunk):
-            for x in items[k]["inputs"]:
-                cases.append(TestCase("expr", None, expr=f"_c{j}({int(x)})"))
-                ids.append(k)
-        nonce = secrets.token_hex(16)
-        jobs.append(SandboxJob(code=harness_source(code, cases, nonce), timeout_s=job_timeout_s,
-                               memory_mb=memory_mb))
-        plan.append((nonce, ids, cases))
+    n_own = len(jobs)
+    chunks = [exprs[i:i + exprs_per_job] for i in range(0, len(exprs), exprs_per_job)]
+    for chunk in chunks:
+        job, p = _expr_job(chunk, items, job_timeout_s, memory_mb)
+        jobs.append(job)
+        plan.append(p)
     if not jobs:
         return out
-    results = pool.run(jobs)
-    if len(results) != len(jobs):
-        raise RuntimeError(f"pool returned {len(results)} results for {len(jobs)} jobs")
-    passed = [0] * len(items)
-    seen = [0] * len(items)
-    for (nonce, ids, cases), res in zip(plan, results, strict=True):
-        entries = parse_harness_output(res.stdout, nonce, len(cases))
-        for k, entry in zip(ids, entries, strict=True):
-            expected = items[k]["expected"][seen[k]]
-            seen[k] += 1
-            passed[k] += _passes(entry, expected)
-    for k, item in enumerate(items):
-        if isinstance(out[k], Exception) or not seen[k]:
-            continue
-        n = len(item["expected"])
-        out[k] = float(passed[k] == n) if mode == "all" else passed[k] / n
+    entries: dict[int, list] = {}
+    results = _run(pool, jobs, plan, entries)
+    retry = [pair for chunk, res in zip(chunks, results[n_own:], strict=True)
+             if res.status != "ok" and len(chunk) > 1
+             for pair in chunk if None in entries[pair[0]]]
+    if retry:
+        for k, _ in retry:
+            del entries[k]
+        jobs, plan = zip(*(_expr_job([pair], items, job_timeout_s, memory_mb) for pair in retry),
+                         strict=True)
+        _run(pool, list(jobs), list(plan), entries)
+    for k, got in entries.items():
+        expected = items[k]["expected"]
+        passed = sum(_passes(e, x) for e, x in zip(got, expected, strict=True))
+        out[k] = float(passed == len(expected)) if mode == "all" else passed / len(expected)
     return out
 
 

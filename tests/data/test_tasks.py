@@ -113,6 +113,27 @@ def test_pysynth_one_job_for_many_expressions(pool):
     assert (counting.calls, counting.jobs) == (1, 2)
 
 
+def test_pysynth_failed_shared_job_is_retried_per_candidate(pool):
+    from jaxrl.rewards.types import SandboxResult
+
+    class FlakyPool:
+        def __init__(self):
+            self.batches = []
+
+        def run(self, jobs):
+            self.batches.append(len(jobs))
+            results = pool.run(jobs)
+            if len(self.batches) == 1:  # the shared expression job (last) dies
+                results[-1] = SandboxResult("timeout", None, "", "", 5.0, 0.0)
+            return results
+
+    flaky = FlakyPool()
+    items = [{"completion": c, "inputs": [1, 2], "expected": [2, 4]}
+             for c in ("2*x", "x+x", "x*x", "def f(x):\n    return 2*x")]
+    assert pysynth.pysynth_batch(items, pool=flaky) == [1.0, 1.0, 0.0, 1.0]
+    assert flaky.batches == [2, 3]  # program + shared job, then one job per expression
+
+
 def test_pysynth_candidate_parsing():
     assert pysynth.parse_candidate("2*x+1") == ("expr", "2*x+1")
     assert pysynth.parse_candidate("f(x) = x*x\n") == ("expr", "x*x")
