@@ -84,12 +84,20 @@ class PromptIterator:
 
     def __next__(self) -> list[dict]:
         batch: list[dict] = []
+        run_of_skips = 0
         while len(batch) < self.prompts_per_step:
             record = next(self._it)  # StopIteration ends the stream (partial batch dropped)
             self.consumed += 1
             if self.tracker is not None and self.tracker.should_skip(record["uid"]):
                 self.skipped += 1
+                run_of_skips += 1
+                if run_of_skips > self.shard_size:
+                    raise RuntimeError(
+                        f"every one of the {self.shard_size} prompts of this shard is skipped by "
+                        "the solve-rate tracker (always or never solved); turn off "
+                        "data.skip_solved / data.skip_unsolved or use a harder/easier task")
                 continue
+            run_of_skips = 0
             batch.append(record)
         self.steps += 1
         return batch

@@ -138,8 +138,6 @@ class RecordSource(Sequence):
         return len(self._records)
 
     def __getitem__(self, index):
-        if isinstance(index, slice):
-            return self._records[index]
         return self._records[index]
 
     def __repr__(self) -> str:

@@ -98,6 +98,15 @@ def test_tracker_skips_always_solved_prompts():
     assert it.metrics()["data/skipped_prompts"] == 1.0
 
 
+def test_skipping_every_prompt_is_an_error_not_a_hang():
+    tracker = SolveRateTracker(min_samples=1, skip_solved=True)
+    for i in range(4):
+        tracker.update(f"r{i}", [1.0])
+    it = PromptIterator(_source(4), prompts_per_step=2, seed=0, epochs=0, tracker=tracker)
+    with pytest.raises(RuntimeError, match="every one of the 4 prompts"):
+        next(it)
+
+
 def test_task_stream_from_config_is_deterministic():
     cfg = DataConfig(task="pysynth", prompts_per_step=4, seed=7, train_size=100)
     task = build_task(cfg)
