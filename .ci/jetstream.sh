@@ -1,41 +1,57 @@
 #!/usr/bin/env bash
 # JetStream adapter tests (tests/serving) against the real `google-jetstream` package.
 #
-# google-jetstream 0.2.2 imports seqio, which pulls TensorFlow, so it gets its own virtual
-# environment (default .venv-jetstream, gitignored) instead of the main one. The venv is reused
-# when it is valid (it imports jetstream and this checkout's jaxrl, and was built from the same
-# pyproject.toml and this script); otherwise it is rebuilt from scratch.
+# google-jetstream 0.2.2 imports seqio, which pulls TensorFlow (~2.3 GB installed on top of
+# jaxrl's own dependencies), so it gets its own virtual environment instead of the main one:
+# $JAXRL_JETSTREAM_VENV, default .venv-jetstream in the checkout (gitignored). A venv outside
+# the checkout (e.g. under ~/.cache) is reused across clones.
 #
-# Fails when the tests fail and when no test ran (pytest exit code 5: e.g. jetstream missing,
-# so every test skipped at import).
+# Reuse: the venv is kept while it was built from the same pyproject.toml, install line and
+# Python, and still imports jetstream; jaxrl is installed editable, and re-pointed at this
+# checkout when it points elsewhere.
+# Fails when the tests fail and when no test ran (pytest exit code 5, e.g. every test skipped
+# because jetstream does not import). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 venv=${JAXRL_JETSTREAM_VENV:-.venv-jetstream}
 py=${PYTHON:-python3}
-stamp_file="$venv/.jaxrl-stamp"
-stamp=$(cat pyproject.toml .ci/jetstream.sh | sha256sum | cut -c1-16)
+install=(-e ".[jetstream]" "pytest>=8" "pytest-timeout>=2.3")
+stamp=$( (cat pyproject.toml; echo "${install[@]}"; "$py" -V) | sha256sum | cut -c1-16)
+log="$venv/install.log"
 
-valid_venv() {
-  [ -x "$venv/bin/python" ] && [ "$(cat "$stamp_file" 2>/dev/null)" = "$stamp" ] &&
-    "$venv/bin/python" - "$root" >/dev/null 2>&1 <<'PY'
+deps_ok() {
+  [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.jaxrl-stamp" 2>/dev/null)" = "$stamp" ] &&
+    "$venv/bin/python" -c "import jetstream.core.orchestrator" >/dev/null 2>&1
+}
+
+jaxrl_here() {  # the venv's jaxrl is this checkout's (run outside the checkout)
+  (cd / && "$venv/bin/python" - "$root" >/dev/null 2>&1) <<'PY'
 import os, sys
-import jetstream.engine.engine_api  # noqa: F401  (imports seqio -> TensorFlow)
 import jaxrl
 assert os.path.realpath(jaxrl.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep)
 PY
 }
 
-if valid_venv; then
+pip_install() {
+  if ! "$venv/bin/python" -m pip install "$@" >>"$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log" | tail -40 >&2
+    echo "jetstream.sh: pip install $* failed (log: $log)" >&2
+    exit 1
+  fi
+}
+
+if deps_ok; then
   echo "+ reusing $venv"
+  jaxrl_here || pip_install --no-deps -e .
 else
-  echo "+ building $venv (google-jetstream + TensorFlow via seqio; a few minutes)"
+  echo "+ building $venv: google-jetstream 0.2.2 + TensorFlow (through seqio) + jaxrl"
   start=$(date +%s)
   rm -rf "$venv"
   "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q -e ".[jetstream]" "pytest>=8" "pytest-timeout>=2.3"
-  echo "$stamp" >"$stamp_file"
-  echo "+ $venv built in $(($(date +%s) - start)) s, $(du -sm "$venv" | cut -f1) MB"
+  pip_install "${install[@]}"
+  echo "$stamp" >"$venv/.jaxrl-stamp"
+  echo "+ built in $(($(date +%s) - start)) s, $(du -sm "$venv" | cut -f1) MB"
 fi
 
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-3}
@@ -44,7 +60,7 @@ set +e
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
-  echo "jetstream.sh: no test ran in tests/serving (is google-jetstream importable?)" >&2
+  echo "jetstream.sh: no test ran in tests/serving (does jetstream import in $venv?)" >&2
   exit 1
 fi
 exit "$rc"
