@@ -26,6 +26,7 @@ import math
 import os
 import pwd
 import queue
+import re
 import select
 import shutil
 import stat
@@ -104,13 +105,30 @@ def _python() -> tuple[str, str]:
     return os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)
 
 
+def _reap_job_bases(base: str) -> None:
+    """Removes job-dir parents and stage dirs left by pool processes that died without their
+    exit cleanup (the names carry the pool's pid)."""
+    for entry in os.scandir(base):
+        m = re.fullmatch(r"jaxrl-sandbox-(?:stage-)?(\d+)-\w+", entry.name)
+        if m:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                    continue
+                os.kill(int(m.group(1)), 0)
+            except ProcessLookupError:
+                shutil.rmtree(entry.path, ignore_errors=True)
+            except OSError:
+                pass
+
+
 def make_plan(tier: str) -> TierPlan:
     """Plans tier "A" or "B" for this machine (no process started; see `LocalSandboxPool`)."""
     root = _can_switch_uids()
     exe, prefix = _python()
     if tier == "B":
         base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-        job_base = tempfile.mkdtemp(prefix="jaxrl-sandbox-", dir=base)
+        _reap_job_bases(base)
+        job_base = tempfile.mkdtemp(prefix=f"jaxrl-sandbox-{os.getpid()}-", dir=base)
         os.chmod(job_base, 0o711)  # the slot uids only need to pass through
         how = "per-slot uid, " if root else "no uid switch (not root of the host), "
         return TierPlan("B", f"tier B: {how}rlimits, seccomp, no user namespaces", root=root,
@@ -130,7 +148,8 @@ def make_plan(tier: str) -> TierPlan:
         bw_root = os.path.dirname(os.path.dirname(os.path.dirname(bwrap)))  # keeps $ORIGIN RPATH
         unreadable = [p for p in [bw_root] + [s for s, _ in needed] if not _others_can_read(p)]
         if unreadable:
-            plan.stage_dir = tempfile.mkdtemp(prefix="jaxrl-sandbox-stage-")
+            _reap_job_bases(tempfile.gettempdir())
+            plan.stage_dir = tempfile.mkdtemp(prefix=f"jaxrl-sandbox-stage-{os.getpid()}-")
             os.chmod(plan.stage_dir, 0o755)
             for i, src in enumerate(unreadable):
                 os.mkdir(mnt := os.path.join(plan.stage_dir, str(i)), 0o755)
