@@ -223,3 +223,38 @@ def test_builtin_task_names_match_the_registry():
     from jaxrl.data import config as data_config
 
     assert sorted(data_config.BUILTIN_TASKS) == task_names()
+
+
+def test_gsm8k_through_a_real_hf_chat_template(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from jaxrl.data.sft import sft_rows
+    from jaxrl.tokenizers import HFTokenizer
+
+    chatml = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+              "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["Nat sold 48 clips. How many? #### 72 \\boxed{}"] * 20, trainer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": chatml}))
+    hf = HFTokenizer(tmp_path)
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"question": "Nat sold 48 clips. How many?",
+                                "answer": "48 clips.\n#### 48"}) + "\n")
+    task = build_task(DataConfig(task="gsm8k_jsonl", paths=(str(data),),
+                                 eval_paths=(str(data),), system_prompt="Be exact."))
+    rec = task.source("train")[0]
+    prompt = hf.decode(task.render(rec, hf, "auto"), skip_special_tokens=False)
+    assert prompt == ("<|im_start|>system\nBe exact.<|im_end|>\n<|im_start|>user\nNat sold 48 "
+                      "clips. How many?\nSolve it step by step and put the final answer in "
+                      "\\boxed{}.<|im_end|>\n<|im_start|>assistant\n")
+    batch = sft_rows(task, [rec], hf, "chat", 256)
+    target = batch.tokens[0][batch.loss_mask[0] > 0].tolist()
+    assert hf.decode(target, skip_special_tokens=False) == (
+        "48 clips.\nThe answer is \\boxed{48}.<|im_end|>")
