@@ -296,6 +296,9 @@ class Run:
                 self._log(logger, pending["step"], pending["row"])
             if self.pool is not None:
                 metrics.update(self.pool.metrics())
+            else:  # this task's rewards run no code: no sandbox jobs
+                metrics.update({"sandbox/queue_wait_s_p50": 0.0, "sandbox/exec_s_p50": 0.0,
+                                "sandbox/timeouts": 0.0})
             metrics.update(self.scorer.metrics())
             metrics.update(self.prompts.metrics())
             pending.update(step=step, row=metrics)

@@ -15,7 +15,7 @@ def tiny_run_config(tmp_path, name="t", **sections) -> RunConfig:
                           num_heads=2, num_kv_heads=1, qkv_bias=True),
         mesh=MeshConfig(trainer=(1, 1), generator=(1, 1)),
         train=TrainConfig(lr=1e-3, logprob_chunk=32, checkpoint_every=2),
-        data=DataConfig(task="arith", difficulty=0, prompts_per_step=4, group_size=4,
+        data=DataConfig(task="pysynth", difficulty=0, prompts_per_step=4, group_size=4,
                         max_new_tokens=8, eval_size=4, pass_k=2,
                         sft=SFTConfig(steps=0, cache_dir=str(tmp_path / "cache"))),
         generate=GenerateConfig(num_slots=16, chunk_steps=4),
