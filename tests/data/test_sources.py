@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jaxrl.data.config import DataConfig
+from jaxrl.data.pipeline import PromptIterator
 from jaxrl.data.sources import RecordError, expand_paths, load_records
 from jaxrl.data.tasks import build_task
 
@@ -42,6 +43,8 @@ def test_skip_bad_records_counts_them(tmp_path):
     assert [r["q"] for r in src] == [1, 3]
     assert src.bad_records == 3  # two malformed lines + one record without "q"
     assert src.metrics()["data/bad_records"] == 3.0
+    it = PromptIterator(src, prompts_per_step=1)  # the run's data metrics carry the count
+    assert it.metrics()["data/bad_records"] == 3.0
 
 
 def test_missing_field_names_field_and_record(tmp_path):
