@@ -77,3 +77,18 @@ def make_package_callable(module_name: str, fn) -> None:
             return fn(*args, **kwargs)
 
     module.__class__ = _CallablePackage
+
+
+def out_struct(shape, dtype, like) -> jax.ShapeDtypeStruct:
+    """``ShapeDtypeStruct`` for a ``pallas_call`` output that varies over the same manual mesh axes
+    as ``like``, so the ops work inside ``jax.shard_map`` (``check_vma=True``). jax 0.10 spells the
+    field ``manual_axis_type`` (aval ``.mat``); earlier releases spelled it ``vma``."""
+    aval = jax.typeof(like)
+    for attr, kwarg in (("mat", "manual_axis_type"), ("vma", "vma")):
+        value = getattr(aval, attr, None)
+        if value is not None:
+            try:
+                return jax.ShapeDtypeStruct(shape, dtype, **{kwarg: value})
+            except TypeError:
+                continue
+    return jax.ShapeDtypeStruct(shape, dtype)

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels._util import MASK_VALUE
+from kernels._util import MASK_VALUE, out_struct
 
 _NT = (((1,), (1,)), ((), ()))
 _NN = (((1,), (0,)), ((), ()))
@@ -83,13 +82,13 @@ def decode_kernel_body(
         l_ref[...] = l_scr_ref[...]
 
 
-def partial_out_specs_and_shapes(B, num_splits, Hkv, G, D, index_map):
+def partial_out_specs_and_shapes(B, num_splits, Hkv, G, D, index_map, like):
     o_spec = pl.BlockSpec((None, None, Hkv, G, D), index_map)
     ml_spec = pl.BlockSpec((None, None, Hkv, G, 1), index_map)
     shapes = [
-        jax.ShapeDtypeStruct((B, num_splits, Hkv, G, D), jnp.float32),
-        jax.ShapeDtypeStruct((B, num_splits, Hkv, G, 1), jnp.float32),
-        jax.ShapeDtypeStruct((B, num_splits, Hkv, G, 1), jnp.float32),
+        out_struct((B, num_splits, Hkv, G, D), jnp.float32, like),
+        out_struct((B, num_splits, Hkv, G, 1), jnp.float32, like),
+        out_struct((B, num_splits, Hkv, G, 1), jnp.float32, like),
     ]
     scratch = [
         pltpu.VMEM((Hkv, G, 1), jnp.float32),
@@ -115,7 +114,7 @@ def decode_tpu(q4, k_cache, v_cache, lengths, *, sm_scale, block_k, num_splits, 
     kv_spec = pl.BlockSpec((None, block_k, Hkv, D), kv_index)
     q_spec = pl.BlockSpec((None, Hkv, G, D), lambda b, s, j, lr: (b, 0, 0, 0))
     out_specs, out_shape, scratch = partial_out_specs_and_shapes(
-        B, num_splits, Hkv, G, D, lambda b, s, j, lr: (b, s, 0, 0, 0)
+        B, num_splits, Hkv, G, D, lambda b, s, j, lr: (b, s, 0, 0, 0), q4
     )
     kernel = functools.partial(decode_kernel_body, sm_scale=sm_scale, blocks_per_split=bps)
     return pl.pallas_call(

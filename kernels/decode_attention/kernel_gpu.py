@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels._util import LOG2E, MASK_VALUE
+from kernels._util import LOG2E, MASK_VALUE, out_struct
 
 _NT = (((1,), (1,)), ((), ()))
 _NN = (((1,), (0,)), ((), ()))
@@ -121,9 +120,9 @@ def decode_gpu(
         ],
         out_specs=[o_spec, ml_spec, ml_spec],
         out_shape=[
-            jax.ShapeDtypeStruct((B, Hkv, num_splits, Gp, D), jnp.float32),
-            jax.ShapeDtypeStruct((B, Hkv, num_splits, Gp), jnp.float32),
-            jax.ShapeDtypeStruct((B, Hkv, num_splits, Gp), jnp.float32),
+            out_struct((B, Hkv, num_splits, Gp, D), jnp.float32, q4),
+            out_struct((B, Hkv, num_splits, Gp), jnp.float32, q4),
+            out_struct((B, Hkv, num_splits, Gp), jnp.float32, q4),
         ],
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels._util import BIG_LSE, MASK_VALUE
+from kernels._util import BIG_LSE, MASK_VALUE, out_struct
 
 _NT = (((1,), (1,)), ((), ()))  # contract the last dims: a @ b.T
 _NN = (((1,), (0,)), ((), ()))
@@ -161,8 +160,8 @@ def flash_fwd_tpu(
             ],
         ),
         out_shape=[
-            jax.ShapeDtypeStruct(qf.shape, qf.dtype),
-            jax.ShapeDtypeStruct((B, Hkv, Rp, 1), jnp.float32),
+            out_struct(qf.shape, qf.dtype, qf),
+            out_struct((B, Hkv, Rp, 1), jnp.float32, qf),
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")

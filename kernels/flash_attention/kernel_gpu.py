@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels._util import BIG_LSE, LN2, LOG2E, MASK_VALUE
+from kernels._util import BIG_LSE, LN2, LOG2E, MASK_VALUE, out_struct
 
 _NT = (((1,), (1,)), ((), ()))
 _NN = (((1,), (0,)), ((), ()))
@@ -152,8 +151,8 @@ def flash_fwd_gpu(
         ],
         out_specs=[q_spec, pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, i))],
         out_shape=[
-            jax.ShapeDtypeStruct(qf.shape, qf.dtype),
-            jax.ShapeDtypeStruct((B, Hkv, Rp), jnp.float32),
+            out_struct(qf.shape, qf.dtype, qf),
+            out_struct((B, Hkv, Rp), jnp.float32, qf),
         ],
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,

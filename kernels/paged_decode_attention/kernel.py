@@ -39,7 +39,7 @@ def paged_decode_tpu(q4, k_pages, v_pages, lengths, page_table, *, sm_scale, num
     kv_spec = pl.BlockSpec((None, page_size, Hkv, D), page_index)
     q_spec = pl.BlockSpec((None, Hkv, G, D), lambda b, s, j, lr, pr: (b, 0, 0, 0))
     out_specs, out_shape, scratch = partial_out_specs_and_shapes(
-        B, num_splits, Hkv, G, D, lambda b, s, j, lr, pr: (b, s, 0, 0, 0)
+        B, num_splits, Hkv, G, D, lambda b, s, j, lr, pr: (b, s, 0, 0, 0), q4
     )
     kernel = functools.partial(_paged_kernel, sm_scale=sm_scale, blocks_per_split=pps)
     return pl.pallas_call(

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels._util import LOG2E
+from kernels._util import LOG2E, out_struct
 from kernels.decode_attention.kernel_gpu import init_carry, online_softmax_block
 
 
@@ -93,9 +92,9 @@ def paged_decode_gpu(
         ],
         out_specs=[o_spec, ml_spec, ml_spec],
         out_shape=[
-            jax.ShapeDtypeStruct((B, Hkv, num_splits, Gp, D), jnp.float32),
-            jax.ShapeDtypeStruct((B, Hkv, num_splits, Gp), jnp.float32),
-            jax.ShapeDtypeStruct((B, Hkv, num_splits, Gp), jnp.float32),
+            out_struct((B, Hkv, num_splits, Gp, D), jnp.float32, q4),
+            out_struct((B, Hkv, num_splits, Gp), jnp.float32, q4),
+            out_struct((B, Hkv, num_splits, Gp), jnp.float32, q4),
         ],
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
