@@ -51,7 +51,10 @@ class _SandboxActor:
         return self.pool.stats()
 
     def close(self) -> None:
+        from jaxrl.rewards import pool
+
         self.pool.close()
+        pool._cleanup_plans()  # the actor is killed next: no exit handlers run there
 
 
 class RaySandboxPool:
