@@ -300,7 +300,6 @@ class Run:
                 metrics.update({"sandbox/queue_wait_s_p50": 0.0, "sandbox/exec_s_p50": 0.0,
                                 "sandbox/timeouts": 0.0})
             metrics.update(self.scorer.metrics())
-            metrics.update(self.prompts.metrics())
             pending.update(step=step, row=metrics)
             if self.ckpt.every and (step + 1) % self.ckpt.every == 0:
                 self.ckpt.maybe_save(self.trainer.state)

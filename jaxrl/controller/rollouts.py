@@ -185,6 +185,7 @@ class RolloutProducer:
             ),
         }
         metrics.update(gen.metrics())
+        metrics.update(self.prompts.metrics())  # as of this batch (the thread runs ahead)
         for key in reward_metrics[0]:
             if key != "reward/mean":
                 metrics[key] = float(np.mean([m[key] for m in reward_metrics if key in m]))

@@ -124,7 +124,7 @@ def test_failing_reward_is_counted_not_fatal(tmp_path, monkeypatch):
     from jaxrl.data import tasks
     from jaxrl.rewards.rewards import register_reward
 
-    @register_reward("test_always_raises", overwrite=True)
+    @register_reward("test_always_raises", overwrite=True, isolated=False)
     def always_raises(prompt, completion, **fields):
         raise RuntimeError("a broken reward")
 
