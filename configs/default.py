@@ -3,22 +3,20 @@
 SFT warm start (cached under runs/cache), then GRPO in `periodic` mode with the local sandbox pool.
 """
 
-from jaxrl.config import GenerateConfig, ModelConfig, PipelineConfig, RunConfig
-from jaxrl.data.config import DataConfig, SFTConfig
+from jaxrl.config import GenerateConfig, PipelineConfig, RunConfig
+from jaxrl.data.config import DataConfig, SFTConfig, tiny_task_model_config
 from jaxrl.train.config import TrainConfig
 
 
 def config() -> RunConfig:
     return RunConfig(
         name="default",
-        model=ModelConfig(architecture="qwen2", vocab_size=128, hidden_size=128,
-                          intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2,
-                          qkv_bias=True, max_position_embeddings=256),
-        train=TrainConfig(lr=5e-5, warmup_steps=2, logprob_chunk=64, checkpoint_every=5,
-                          max_grad_norm=1.0),
-        data=DataConfig(task="pysynth", difficulty=1, prompts_per_step=8, group_size=8,
-                        max_new_tokens=24, eval_size=64, pass_k=4,
-                        sft=SFTConfig(steps=300, batch_size=64)),
-        generate=GenerateConfig(num_slots=64, chunk_steps=8),
-        pipeline=PipelineConfig(mode="periodic", steps=30),
+        model=tiny_task_model_config(),
+        train=TrainConfig(lr=2e-4, warmup_steps=2, logprob_chunk=64, checkpoint_every=10,
+                          max_grad_norm=1.0, weight_decay=0.0),
+        data=DataConfig(task="pysynth", difficulty=1, prompts_per_step=16, group_size=8,
+                        max_new_tokens=24, eval_size=128, pass_k=4,
+                        sft=SFTConfig(steps=200, batch_size=32, lr=3e-3)),
+        generate=GenerateConfig(num_slots=128, chunk_steps=8),
+        pipeline=PipelineConfig(mode="periodic", steps=40),
     )

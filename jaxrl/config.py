@@ -30,7 +30,9 @@ class ConfigError(ValueError):
 
 def _check_choice(owner: str, name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
-        raise ConfigError(f"{owner}.{name}: invalid value {value!r}; valid choices: {list(choices)}")
+        raise ConfigError(
+            f"{owner}.{name}: invalid value {value!r}; valid choices: {list(choices)}"
+        )
 
 
 def _check_positive(owner: str, **values: Any) -> None:

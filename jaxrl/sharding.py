@@ -1,7 +1,8 @@
 """Meshes per role, and the ONE table from logical axis names to mesh axes.
 
-Model code names logical axes only (`embed`, `vocab`, `heads`, ...). This module is the only place
-that knows mesh axis names: the trainer mesh has axes (`fsdp`, `tp`), the generator mesh (`dp`, `tp`).
+Model code names logical axes only (`embed`, `vocab`, `heads`, ...). This module is the only
+place that knows mesh axis names: the trainer mesh has axes (`fsdp`, `tp`), the generator mesh
+(`dp`, `tp`).
 A logical axis whose size does not divide evenly over its mesh axis is replicated instead.
 """
 
@@ -25,8 +26,8 @@ MESH_AXES: dict[str, tuple[str, str]] = {"trainer": ("fsdp", "tp"), "generator":
 # Logical axis -> mesh axis, per role. `None` means replicated.
 #   trainer: FSDP shards parameters along `embed` and the batch along `batch`;
 #            TP shards heads / mlp / vocab.
-#   generator: parameters are replicated over `dp` (each replica serves its own slots) and split by TP;
-#              KV-cache slots (`cache_batch`) and decode batches are split over `dp`.
+#   generator: parameters are replicated over `dp` (each replica serves its own slots) and
+#              split by TP; KV-cache slots (`cache_batch`) and decode batches are split over `dp`.
 LOGICAL_AXIS_RULES: dict[str, dict[str, str | None]] = {
     "trainer": {
         "batch": "fsdp",

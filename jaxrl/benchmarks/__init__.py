@@ -1,1 +1,1 @@
-"""Benchmarks behind `python launch/bench.py <name>`: one module per name, each with `main(argv)`."""
+"""Benchmarks behind `python launch/bench.py <name>`: one module per name with `main(argv)`."""

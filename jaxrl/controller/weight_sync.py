@@ -80,7 +80,8 @@ class WeightSync:
             leaves += sub_leaves
             shardings += [shard_leaves[i]] * len(sub_leaves)
         out_dtypes = [self._out_dtype(x.dtype) for x in leaves]
-        sizes = [int(np.prod(x.shape)) * jnp.dtype(d).itemsize for x, d in zip(leaves, out_dtypes)]
+        sizes = [int(np.prod(x.shape)) * jnp.dtype(d).itemsize
+                 for x, d in zip(leaves, out_dtypes, strict=True)]
         jax.block_until_ready(leaves)  # time the transfer, not the step that computes the params
         start = time.perf_counter()
         moved: list = [None] * len(leaves)
@@ -90,7 +91,7 @@ class WeightSync:
                 [self._cast(leaves[i]) for i in group], [shardings[i] for i in group]
             )
             jax.block_until_ready(placed)
-            for i, x in zip(group, placed):
+            for i, x in zip(group, placed, strict=True):
                 moved[i] = x
         stats = SyncStats(bytes=sum(sizes), seconds=time.perf_counter() - start, chunks=len(groups))
         self.history.append(stats)

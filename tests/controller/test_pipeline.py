@@ -80,7 +80,8 @@ def test_periodic_overlaps_and_beats_sync():
 def test_errors_stop_both_sides(where):
     kw = {"fail_produce_at": 2} if where == "produce" else {"fail_train_at": 2}
     before = threading.active_count()
-    with pytest.raises(ValueError, match=f"{'generator' if where == 'produce' else 'trainer'} broke"):
+    side = "generator" if where == "produce" else "trainer"
+    with pytest.raises(ValueError, match=f"{side} broke"):
         _run("periodic", **kw)
     assert threading.active_count() == before  # the generator thread was joined
 

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from run_helpers import tiny_run_config
 
 import jaxrl.run
 from jaxrl.config import ConfigError, MeshConfig
 from jaxrl.controller.metrics import REQUIRED, read_metrics
 from jaxrl.controller.pipeline import ahead_for
-
-from run_helpers import tiny_run_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
