@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from kernels._util import cdiv, fit_block, resolve_backend
+from kernels._util import cdiv, fit_block, next_pow2, resolve_backend
 from kernels.flash_attention.kernel import flash_fwd_tpu
 from kernels.flash_attention.kernel_gpu import flash_fwd_gpu
 
@@ -118,55 +118,78 @@ def _block_bounds(B, R, S, G, bq, bk, causal, q_seg, kv_seg):
     return jnp.stack([lo, lo, hi_seg], axis=-1).astype(jnp.int32)
 
 
-def _forward(q, k, v, segment_ids, cfg: _Config):
-    B, T, Hq, D = q.shape
-    S, Hkv = k.shape[1], k.shape[2]
-    G, R = Hq // Hkv, T * (Hq // Hkv)
-    bs = cfg.block_sizes.resolve(cfg.backend, D)
-    bq, bk = fit_block(bs.block_q, R, cfg.backend), fit_block(bs.block_k, S, cfg.backend)
-    Rp, Sp = cdiv(R, bq) * bq, cdiv(S, bk) * bk
-    qf = _pad_axis(_fold_q(q, Hkv), 2, Rp)
-    kf = _pad_axis(k.transpose(0, 2, 1, 3), 2, Sp)
-    vf = _pad_axis(v.transpose(0, 2, 1, 3), 2, Sp)
-    use_segments = segment_ids is not None
-    if use_segments:
-        seg = segment_ids.astype(jnp.int32)
-        q_seg = _pad_axis(jnp.repeat(seg, G, axis=1), 1, Rp, -2)
-        kv_seg = _pad_axis(seg, 1, Sp, -1)
-        bounds = _block_bounds(B, R, S, G, bq, bk, cfg.causal, q_seg, kv_seg)
-    else:
+def _segments_and_bounds(segment_ids, B, R, Rp, S, Sp, G, bq, bk, causal):
+    """Folded q segment ids [B, Rp], kv segment ids [B, Sp] and the block table [B, nq, 3]."""
+    if segment_ids is None:
         q_seg = jnp.zeros((B, Rp), jnp.int32)
         kv_seg = jnp.zeros((B, Sp), jnp.int32)
-        bounds = _block_bounds(B, R, S, G, bq, bk, cfg.causal, None, None)
+        return q_seg, kv_seg, _block_bounds(B, R, S, G, bq, bk, causal, None, None)
+    seg = segment_ids.astype(jnp.int32)
+    q_seg = _pad_axis(jnp.repeat(seg, G, axis=1), 1, Rp, -2)
+    kv_seg = _pad_axis(seg, 1, Sp, -1)
+    return q_seg, kv_seg, _block_bounds(B, R, S, G, bq, bk, causal, q_seg, kv_seg)
+
+
+def _forward(q, k, v, segment_ids, cfg: _Config):
+    """Output [B, T, Hq, D] and log-sum-exp [B, Hkv, T * G] (folded rows r = t * G + g)."""
+    B, T, Hq, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    bs = cfg.block_sizes.resolve(cfg.backend, D)
     common = dict(
         sm_scale=cfg.sm_scale,
         causal=cfg.causal,
-        use_segments=use_segments,
-        kv_len=S if Sp != S else None,
-        group=G,
-        block_q=bq,
-        block_k=bk,
+        use_segments=segment_ids is not None,
         interpret=cfg.interpret,
     )
-    if cfg.backend == "tpu":
-        o, lse = flash_fwd_tpu(
-            bounds.reshape(-1), qf, kf, vf, q_seg[:, :, None], kv_seg[:, None, :], **common
+    if cfg.backend == "tpu":  # head-major layout: [B, Hkv, rows, D] tiles for the TPU pipeline
+        R = T * G
+        bq, bk = fit_block(bs.block_q, R, "tpu"), fit_block(bs.block_k, S, "tpu")
+        Rp, Sp = cdiv(R, bq) * bq, cdiv(S, bk) * bk
+        q_seg, kv_seg, bounds = _segments_and_bounds(
+            segment_ids, B, R, Rp, S, Sp, G, bq, bk, cfg.causal
         )
-        lse = lse[..., 0]
-    else:
-        bounds4 = _pad_axis(bounds, 2, 4)
-        o, lse = flash_fwd_gpu(
-            bounds4,
-            qf,
-            kf,
-            vf,
-            q_seg,
-            kv_seg,
-            num_warps=bs.num_warps,
-            num_stages=bs.num_stages,
+        o, lse = flash_fwd_tpu(
+            bounds.reshape(-1),
+            _pad_axis(_fold_q(q, Hkv), 2, Rp),
+            _pad_axis(k.transpose(0, 2, 1, 3), 2, Sp),
+            _pad_axis(v.transpose(0, 2, 1, 3), 2, Sp),
+            q_seg[:, :, None],
+            kv_seg[:, None, :],
+            kv_len=S if Sp != S else None,
+            group=G,
+            block_q=bq,
+            block_k=bk,
             **common,
         )
-    return _unfold_q(o[:, :, :R], T, G), lse[:, :, :R]
+        return _unfold_q(o[:, :, :R], T, G), lse[:, :, :R, 0]
+    # GPU: q, k, v in their own layouts (reshapes only); G padded to a power of two for Triton.
+    Gp = next_pow2(G)
+    bt = max(max(1, 16 // Gp), min(max(1, next_pow2(bs.block_q) // Gp), next_pow2(T)))
+    bq, bk = bt * Gp, fit_block(bs.block_k, S, "gpu")
+    Tp, Sp = cdiv(T, bt) * bt, cdiv(S, bk) * bk
+    q5 = _pad_axis(_pad_axis(q.reshape(B, T, Hkv, G, D), 3, Gp), 1, Tp)
+    q_seg, kv_seg, bounds = _segments_and_bounds(
+        segment_ids, B, T * Gp, Tp * Gp, S, Sp, Gp, bq, bk, cfg.causal
+    )
+    o5, lse = flash_fwd_gpu(
+        _pad_axis(bounds, 2, 4),
+        q5,
+        _pad_axis(k, 1, Sp),
+        _pad_axis(v, 1, Sp),
+        q_seg,
+        kv_seg,
+        kv_len=S if Sp != S else None,
+        group=Gp,
+        block_q=bq,
+        block_k=bk,
+        num_warps=bs.num_warps,
+        num_stages=bs.num_stages,
+        **common,
+    )
+    o = o5[:, :T, :, :G].reshape(B, T, Hq, D)
+    lse = lse.reshape(B, Hkv, Tp, Gp)[:, :, :T, :G].reshape(B, Hkv, T * G)
+    return o, lse
 
 
 def _backward(q, k, v, segment_ids, o, lse, do, cfg: _Config):

@@ -35,13 +35,15 @@ def _packed_segments(B, T, seed=0):
 
 
 # (G = Hq // Hkv, D, T, S, dtype, causal, segments, Hkv): GQA ratios 1/2/4/8, head dims 64/128,
-# lengths that are not multiples of the blocks, padding + several segments, cross lengths.
+# lengths that are not multiples of the blocks, padding + several segments, cross lengths,
+# and a ratio that is not a power of two.
 CASES = [
     (1, 64, 40, 40, "float32", True, False, 2),
     (2, 128, 33, 33, "bfloat16", True, True, 1),
     (4, 64, 48, 48, "float32", False, True, 1),
     (8, 64, 21, 21, "bfloat16", True, True, 1),
     (4, 128, 20, 37, "float32", False, False, 1),
+    (3, 64, 11, 11, "float32", True, True, 1),  # G not a power of two (GPU pads it)
 ]
 
 
