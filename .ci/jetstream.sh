@@ -43,7 +43,7 @@ pip_install() {
 
 if deps_ok; then
   echo "+ reusing $venv"
-  jaxrl_here || pip_install --no-deps -e .
+  jaxrl_here || { echo "+ pointing its jaxrl at $root"; pip_install --no-deps -e .; }
 else
   echo "+ building $venv: google-jetstream 0.2.2 + TensorFlow (through seqio) + jaxrl"
   start=$(date +%s)

@@ -147,12 +147,16 @@ class JetStreamEngine(engine_api.Engine):
         self._max_prefill = _check_prefill_length(max_prefill_length, engine.max_len)
         self._stop_ids = tuple(sorted(set(engine.eos_ids) | set(sampling.stop_token_ids)))
         engine.check_token_ids(self._stop_ids, "stop ids")
+        if len(self._stop_ids) > engine.max_stop_ids:
+            raise ValueError(f"{len(self._stop_ids)} stop ids (EOS included) exceed the engine's "
+                             f"max_stop_ids ({engine.max_stop_ids})")
         self._tokenizer = JaxrlTokenizer(tokenizer, self._stop_ids)
         self._tokenizer_path = str(tokenizer_path)
         self._strip_bos = self._tokenizer.bos_id == NO_BOS
         self._key_data = seed_key_data(sampling.seed)
         self._request_ids = itertools.count()
-        self._mesh = engine.mesh or Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("dp", "tp"))
+        self._mesh = engine.mesh or Mesh(np.array(jax.devices()[:1], dtype=object).reshape(1, 1),
+                                         ("dp", "tp"))
         self._generate_fn = jax.jit(self._generate_impl, donate_argnums=(1,))
         self._release_fn = jax.jit(_release_slot, donate_argnums=(0,))
 
@@ -304,6 +308,9 @@ def make_jetstream_engines(
     its own mesh (generator role: slots over `dp`, heads over `tp`). `eos_ids` default to the
     tokenizer's EOS. The prefill engine's decode state is never used.
     """
+    if (prefill_mesh is None) != (generate_mesh is None):
+        raise ValueError("make_jetstream_engines: give both prefill_mesh and generate_mesh, or "
+                         "neither (one engine on the default device)")
     model = _as_model(model_or_path, generate_mesh, dtype)
     if eos_ids is None:
         eos = getattr(tokenizer, "eos_id", None)

@@ -130,11 +130,14 @@ def test_engine_implements_jetstream_api(model, tok, interleaved):
     assert prefill is generate and isinstance(prefill, JetStreamEngine)
     assert not JetStreamEngine.__abstractmethods__
     assert generate.max_concurrent_decodes == SLOTS and generate.samples_per_slot == 1
-    assert generate.max_prefill_length == 32
+    assert generate.max_prefill_length == 32 and generate.mesh.devices.size == 1
     t = generate.build_tokenizer(generate.get_tokenizer())
     assert (t.bos_id, t.pad_id, t.eos_id, t.stop_tokens) == (2, 0, 1, set())
     with pytest.raises(ValueError, match="prefill buckets"):
         make_jetstream_engines(model, num_slots=SLOTS, max_len=MAX_LEN, max_prefill_length=48)
+    with pytest.raises(ValueError, match="both prefill_mesh and generate_mesh"):
+        make_jetstream_engines(model, num_slots=SLOTS, max_len=MAX_LEN,
+                               generate_mesh=make_mesh((1, 1), "generator", jax.devices()[:1]))
 
 
 def test_interleaved_greedy_matches_sample(tok, interleaved, reference):
