@@ -1,10 +1,11 @@
 """``flash_attention``: jitted wrapper, ``BlockSizes``, backend dispatch and ``custom_vjp``.
 
-Forward: the Pallas kernel (TPU Mosaic body in kernel.py, GPU Triton body in kernel_gpu.py). It
-returns the output and the per-row log-sum-exp. Backward (``custom_vjp``): an XLA recompute from
-the saved log-sum-exp, chunked over kv (``BlockSizes.bwd_chunk``) so memory is O(T * chunk) per
-head rather than O(T * S); it is exact flash-attention maths (dS = P * (dP - rowsum(dO * O)))
-but not yet a Pallas kernel — a Pallas dq/dkv pair is the follow-up (docs/kernels.md).
+Forward: the Pallas kernel (TPU Mosaic body in kernel.py, GPU Triton body in kernel_gpu.py); it
+returns the output and the per-row log-sum-exp. Backward (``custom_vjp``), from the saved
+log-sum-exp (dS = P * (dP - rowsum(dO * O))): on GPU two Pallas kernels (dk/dv over kv blocks,
+dq over q blocks, same block skipping as the forward); on TPU still an XLA recompute, chunked
+over kv (``BlockSizes.bwd_chunk``) so memory is O(T * chunk) per head — a Mosaic backward is the
+follow-up (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from kernels._util import cdiv, fit_block, next_pow2, resolve_backend
+from kernels._util import BIG_LSE, cdiv, fit_block, next_pow2, resolve_backend
 from kernels.flash_attention.kernel import flash_fwd_tpu
-from kernels.flash_attention.kernel_gpu import flash_fwd_gpu
+from kernels.flash_attention.kernel_gpu import flash_bwd_gpu, flash_fwd_gpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +28,7 @@ class BlockSizes:
     """Static tiling. ``None`` picks the backend default. Blocks shrink to small problems.
 
     block_q counts folded rows (query tokens x G heads sharing a kv head); block_k counts kv tokens.
-    num_warps / num_stages are GPU (Triton) only. bwd_chunk is the kv chunk of the XLA backward.
+    num_warps / num_stages are GPU (Triton) only. bwd_chunk: kv chunk of the TPU's XLA backward.
     """
 
     block_q: int | None = None
@@ -130,6 +131,15 @@ def _segments_and_bounds(segment_ids, B, R, Rp, S, Sp, G, bq, bk, causal):
     return q_seg, kv_seg, _block_bounds(B, R, S, G, bq, bk, causal, q_seg, kv_seg)
 
 
+def _gpu_tiling(T, S, G, bs: BlockSizes):
+    """(Gp, bt, bq, bk, Tp, Sp): G padded to a power of two, bt tokens x Gp heads = bq rows per q
+    block (>= 16 for the tensor cores), bk kv tokens per block, padded lengths."""
+    Gp = next_pow2(G)
+    bt = max(max(1, 16 // Gp), min(max(1, next_pow2(bs.block_q) // Gp), next_pow2(T)))
+    bk = fit_block(bs.block_k, S, "gpu")
+    return Gp, bt, bt * Gp, bk, cdiv(T, bt) * bt, cdiv(S, bk) * bk
+
+
 def _forward(q, k, v, segment_ids, cfg: _Config):
     """Output [B, T, Hq, D] and log-sum-exp [B, Hkv, T * G] (folded rows r = t * G + g)."""
     B, T, Hq, D = q.shape
@@ -164,10 +174,7 @@ def _forward(q, k, v, segment_ids, cfg: _Config):
         )
         return _unfold_q(o[:, :, :R], T, G), lse[:, :, :R, 0]
     # GPU: q, k, v in their own layouts (reshapes only); G padded to a power of two for Triton.
-    Gp = next_pow2(G)
-    bt = max(max(1, 16 // Gp), min(max(1, next_pow2(bs.block_q) // Gp), next_pow2(T)))
-    bq, bk = bt * Gp, fit_block(bs.block_k, S, "gpu")
-    Tp, Sp = cdiv(T, bt) * bt, cdiv(S, bk) * bk
+    Gp, bt, bq, bk, Tp, Sp = _gpu_tiling(T, S, G, bs)
     q5 = _pad_axis(_pad_axis(q.reshape(B, T, Hkv, G, D), 3, Gp), 1, Tp)
     q_seg, kv_seg, bounds = _segments_and_bounds(
         segment_ids, B, T * Gp, Tp * Gp, S, Sp, Gp, bq, bk, cfg.causal
@@ -241,6 +248,57 @@ def _backward(q, k, v, segment_ids, o, lse, do, cfg: _Config):
     return dq.astype(q.dtype), unchunk(dk).astype(k.dtype), unchunk(dv).astype(v.dtype)
 
 
+def _backward_gpu(q, k, v, segment_ids, o, lse, do, cfg: _Config):
+    """dq, dk, dv with the Pallas (Triton) backward kernels, in the forward's layouts."""
+    B, T, Hq, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    bs = cfg.block_sizes.resolve("gpu", D)
+    Gp, bt, bq, bk, Tp, Sp = _gpu_tiling(T, S, G, bs)
+    nq, nk = Tp // bt, Sp // bk
+
+    def q_layout(x):  # [B, T, Hq, D] -> [B, Tp, Hkv, Gp, D]
+        return _pad_axis(_pad_axis(x.reshape(B, T, Hkv, G, D), 3, Gp), 1, Tp)
+
+    def rows(x_BTHq, value):  # [B, T, Hq] -> folded rows [B, Hkv, Tp * Gp]
+        x = x_BTHq.reshape(B, T, Hkv, G).transpose(0, 2, 1, 3)
+        return _pad_axis(_pad_axis(x, 3, Gp, value), 2, Tp, value).reshape(B, Hkv, Tp * Gp)
+
+    q_seg, kv_seg, bounds = _segments_and_bounds(
+        segment_ids, B, T * Gp, Tp * Gp, S, Sp, Gp, bq, bk, cfg.causal
+    )
+    blocks = jnp.arange(nk)[None, None, :]
+    needed = (blocks >= bounds[:, :, 0:1]) & (blocks < bounds[:, :, 2:3])  # [B, nq, nk]
+    seen = needed.any(axis=1)
+    q_lo = jnp.where(seen, jnp.argmax(needed, axis=1), 0)
+    q_hi = jnp.where(seen, nq - jnp.argmax(needed[:, ::-1, :], axis=1), 0)
+    qbounds = _pad_axis(jnp.stack([q_lo, q_hi], axis=-1).astype(jnp.int32), 2, 4)
+    lse_BTHq = lse.reshape(B, Hkv, T, G).transpose(0, 2, 1, 3).reshape(B, T, Hq)
+    delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
+    dq5, dk, dv = flash_bwd_gpu(
+        _pad_axis(bounds, 2, 4),
+        qbounds,
+        q_layout(q),
+        _pad_axis(k, 1, Sp),
+        _pad_axis(v, 1, Sp),
+        q_layout(do.astype(q.dtype)),
+        rows(lse_BTHq, BIG_LSE),
+        rows(delta, 0.0),
+        q_seg,
+        kv_seg,
+        sm_scale=cfg.sm_scale,
+        causal=cfg.causal,
+        use_segments=segment_ids is not None,
+        kv_len=S if Sp != S else None,
+        block_q=bq,
+        block_k=bk,
+        num_warps=bs.num_warps,
+        num_stages=bs.num_stages,
+        interpret=cfg.interpret,
+    )
+    return dq5[:, :T, :, :G].reshape(B, T, Hq, D), dk[:, :S], dv[:, :S]
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _flash(q, k, v, segment_ids, cfg):
     return _forward(q, k, v, segment_ids, cfg)[0]
@@ -253,7 +311,8 @@ def _flash_fwd(q, k, v, segment_ids, cfg):
 
 def _flash_bwd(cfg, residuals, do):
     q, k, v, segment_ids, o, lse = residuals
-    dq, dk, dv = _backward(q, k, v, segment_ids, o, lse, do, cfg)
+    backward = _backward_gpu if cfg.backend == "gpu" else _backward
+    dq, dk, dv = backward(q, k, v, segment_ids, o, lse, do, cfg)
     return dq, dk, dv, None
 
 
@@ -286,7 +345,7 @@ def flash_attention(
     True (generic interpreter, GPU body on CPU); or ``pltpu.InterpretParams()`` (TPU interpreter,
     TPU body). ``backend`` "tpu" | "gpu" forces a
     body.
-    Differentiable (custom_vjp; backward is an XLA recompute, see module docstring).
+    Differentiable (custom_vjp; Pallas backward on GPU, XLA recompute on TPU: module docstring).
     """
     B, T, Hq, D = q.shape
     if k.ndim != 4 or k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:

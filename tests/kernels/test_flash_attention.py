@@ -61,7 +61,8 @@ def test_forward_matches_reference(interpret, G, D, T, S, dtype, causal, segment
 
 
 @pytest.mark.parametrize(
-    "G,D,dtype,segments", [(2, 64, "float32", True), (4, 128, "bfloat16", False)]
+    "G,D,dtype,segments",
+    [(2, 64, "float32", True), (4, 128, "bfloat16", False), (3, 64, "float32", True)],
 )
 def test_gradient_matches_reference(interpret, G, D, dtype, segments):
     B, T, Hkv = 2, 24, 1

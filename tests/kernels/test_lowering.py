@@ -41,6 +41,20 @@ def test_flash_attention_lowers(backend, causal, segments):
     _lower(backend, lambda q, k, v, s: flash_ops._forward(q, k, v, s, cfg), q, kv, kv, seg)
 
 
+@pytest.mark.parametrize("segments", [False, True])
+def test_flash_attention_gpu_backward_lowers(segments):
+    q = jax.ShapeDtypeStruct((B, T, HQ, D), BF16)
+    kv = jax.ShapeDtypeStruct((B, T, HKV, D), BF16)
+    seg = jax.ShapeDtypeStruct((B, T), jnp.int32) if segments else None
+    lse = jax.ShapeDtypeStruct((B, HKV, T * HQ // HKV), jnp.float32)
+    cfg = flash_ops._Config(True, D**-0.5, flash_ops.BlockSizes(), False, "gpu")
+
+    def fn(q, k, v, s, o, lse, do):
+        return flash_ops._backward_gpu(q, k, v, s, o, lse, do, cfg)
+
+    _lower("gpu", fn, q, kv, kv, seg, q, lse, q)
+
+
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
 def test_decode_attention_lowers(backend):
     q = jax.ShapeDtypeStruct((B, HQ, D), BF16)
