@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-venv=${JAXRL_JETSTREAM_VENV:-.venv-jetstream}
+venv=$(realpath -m "${JAXRL_JETSTREAM_VENV:-.venv-jetstream}")
 py=${PYTHON:-python3}
 install=(-e ".[jetstream]" "pytest>=8" "pytest-timeout>=2.3")
 stamp=$( (cat pyproject.toml; echo "${install[@]}"; "$py" -V) | sha256sum | cut -c1-16)
