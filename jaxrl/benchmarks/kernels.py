@@ -10,7 +10,9 @@ Correctness first (each kernel against its jnp reference on the device), then:
   of KV read (2 * B * L * Hkv * D * bytes / time) for the Pallas kernel (contiguous and paged) and
   the XLA reference, against the device's measured copy bandwidth (read + write of a 4 GiB array).
 
-Targets on an H100/H200: prefill >= 70% of cuDNN, decode >= 70% of the measured copy bandwidth.
+With `--backward`, prefill also reports forward+backward TFLOP/s (3.5x the forward FLOPs) for each
+implementation. Targets on an H100/H200: prefill >= 70% of cuDNN, decode >= 70% of the measured
+copy bandwidth.
 On CPU it refuses (figures would mean nothing) unless `--smoke`, which runs a tiny interpreted
 configuration end to end.
 """
@@ -35,6 +37,11 @@ def _parse(argv):
     p.add_argument("--iters", type=int, default=20, help="timed calls per configuration")
     p.add_argument("--prefill-tokens", type=int, default=16384, help="B * T per prefill config")
     p.add_argument("--skip-xla", action="store_true", help="skip the XLA reference timings")
+    p.add_argument(
+        "--backward",
+        action="store_true",
+        help="also time prefill forward+backward (FLOPs: 3.5x the forward's)",
+    )
     p.add_argument("--json", default=None, help="also write the results to this file")
     return p.parse_args(argv)
 
@@ -104,6 +111,16 @@ def _check_correctness(interpret, dtype):
         kernels.flash_attention(q, k, v, segment_ids=seg, interpret=interpret),
         flash_attention_reference(q, k, v, segment_ids=seg),
     )
+
+    def grads(fn):
+        loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) ** 2)
+        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    got = grads(lambda q, k, v: kernels.flash_attention(q, k, v, interpret=interpret))
+    want = grads(flash_attention_reference)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want, strict=True):
+        scale = jnp.max(jnp.abs(w.astype(jnp.float32)))
+        check(f"flash backward {name} (relative)", g / scale, w / scale)
     lengths = jnp.asarray([1, T - 7], jnp.int32)
     check(
         "decode",
@@ -157,10 +174,16 @@ def _prefill(args, on_gpu, dtype, interpret):
         for name, fn in impls.items():
             try:
                 row[name] = flops / _time_per_call(fn, q, k, v, iters=args.iters) / 1e12
+                if args.backward:
+                    fwd_bwd = jax.jit(lambda q, k, v, fn=fn: jax.vjp(fn, q, k, v)[1](q))
+                    t = _time_per_call(fwd_bwd, q, k, v, iters=args.iters)
+                    row[f"{name}_fwdbwd"] = 3.5 * flops / t / 1e12
             except Exception as e:  # noqa: BLE001 - report a missing peer, keep the others
                 print(f"  prefill T={T} {name}: unavailable ({type(e).__name__}: {e})"[:300])
         if "cudnn" in row:
             row["pallas/cudnn"] = row["pallas"] / row["cudnn"]
+        if "cudnn_fwdbwd" in row and "pallas_fwdbwd" in row:
+            row["fwdbwd pallas/cudnn"] = row["pallas_fwdbwd"] / row["cudnn_fwdbwd"]
         rows.append(row)
         print(
             "  prefill "
