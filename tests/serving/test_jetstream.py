@@ -162,11 +162,12 @@ def test_tokenizer_without_bos(interleaved, reference):
 
 
 def test_disaggregated_meshes_text_and_stop(model, tok, reference):
-    """Prefill and generate engines on disjoint meshes, text requests, a stop id: the stream is
-    `sample`'s completion without its final stop token, and the text is its decoding."""
+    """Prefill (tp=2) and generate (dp=2 x tp=2) on disjoint meshes, text requests, a stop id:
+    the stream is `sample`'s completion without its final stop token, and the text is its
+    decoding."""
     devices = jax.devices()
-    if len(devices) < 3:
-        pytest.skip("needs 3 devices (tests/conftest.py simulates 8 CPU devices)")
+    if len(devices) < 6:
+        pytest.skip("needs 6 devices (tests/conftest.py simulates 8 CPU devices)")
     texts = ["a", "hello", "The quick brown fox!", "0123456789" * 2]
     prompts = [[tok.bos_id, *tok.encode(t)] for t in texts]
     stop = reference(prompts, [12] * 4)[1][4]  # greedy reaches it: one request ends early
@@ -176,8 +177,8 @@ def test_disaggregated_meshes_text_and_stop(model, tok, reference):
     engines = make_jetstream_engines(
         model, num_slots=SLOTS, max_len=MAX_LEN, tokenizer=tok,
         sampling=SamplingParams(temperature=0.0, stop_token_ids=(stop,)),
-        prefill_mesh=make_mesh((1, 1), "generator", devices[:1]),
-        generate_mesh=make_mesh((2, 1), "generator", devices[1:3]))
+        prefill_mesh=make_mesh((1, 2), "generator", devices[:2]),  # tp=2
+        generate_mesh=make_mesh((2, 2), "generator", devices[2:6]))  # dp=2 x tp=2
     assert engines[0] is not engines[1]
     got = _serve(engines, [_text_request(t, 12) for t in texts])
     for (ids, text), w in zip(got, want, strict=True):
