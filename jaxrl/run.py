@@ -80,6 +80,8 @@ def _initial_params(cfg: RunConfig, meshes, tokenizer, task, model_cfg):
         _, model = load_pretrained(cfg.init, mesh=meshes.trainer, role="trainer",
                                    dtype=model_cfg.param_dtype)
         return params_from_model(model), {}
+    if jax.process_count() > 1:
+        _check_sft_cached(cfg, model_cfg, tokenizer)
     params, info = warm_start(model_cfg, cfg.data, mesh=meshes.trainer, tokenizer=tokenizer,
                               task=task,
                               on_log=lambda s, m: log.info("sft step %d: %s", s, m))
@@ -90,6 +92,22 @@ def _initial_params(cfg: RunConfig, meshes, tokenizer, task, model_cfg):
         return params_from_model(model), {}
     return params, {"sft/cache_hit": float(info.get("cache_hit", False)),
                     "sft/wall_s": float(info.get("wall_s", 0.0))}
+
+
+def _check_sft_cached(cfg: RunConfig, model_cfg, tokenizer) -> None:
+    """Several processes read the SFT warm start from its cache; they do not train it."""
+    from jaxrl.data.sft import cache_key
+
+    sft = cfg.data.sft
+    if sft.steps == 0:
+        return
+    entry = Path(sft.cache_dir) / f"sft-{cache_key(model_cfg, cfg.data, tokenizer)}"
+    if not (sft.cache and (entry / "meta.json").is_file()):
+        raise ConfigError(
+            f"a multi-process run loads the SFT warm start from its cache, and {entry} is "
+            "missing: fill it once with one process and the same config "
+            "(`python launch/run.py <same args> --pipeline.steps=0`), put data.sft.cache_dir on "
+            "a filesystem every host reads, or set --data.sft.steps=0")
 
 
 def _model_config(cfg: RunConfig, tokenizer):
@@ -112,28 +130,34 @@ def _model_config(cfg: RunConfig, tokenizer):
 class Run:
     """Owns every resource of one run; `close()` releases them (also on error / Ctrl-C)."""
 
-    def __init__(self, cfg: RunConfig, *, resume: bool = False, progress: bool = True):
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, progress: bool = True,
+                 evaluate: bool = True):
         from jaxrl.data.pipeline import prompt_iterator
         from jaxrl.data.solve_rate import SolveRateTracker
         from jaxrl.data.tasks import build_task
-        from jaxrl.distributed import is_leader, maybe_initialize
+        from jaxrl.distributed import is_leader, maybe_initialize, process_meshes
         from jaxrl.tokenizers import load_tokenizer
 
         self.cfg = cfg
         self._closers: list = []
-        maybe_initialize(cfg.dist)
+        # Several processes: the trainer mesh spans all of them, each generates on its own
+        # devices from its own prompt shard (jaxrl/distributed.py, docs/scale.md).
+        self.multi = maybe_initialize(cfg.dist)
         self.leader = is_leader()
-        self.meshes = make_meshes(cfg.mesh)  # fails before any work when it does not fit
+        # fails before any work when it does not fit
+        self.meshes = process_meshes(cfg.mesh) if self.multi else make_meshes(cfg.mesh)
         self.run_dir = _prepare_run_dir(cfg, resume) if self.leader else cfg.path
         self.tokenizer = load_tokenizer(cfg.tokenizer)
         self.task = build_task(cfg.data)
         self.model_cfg = _model_config(cfg, self.tokenizer)
         self.trace = TraceWriter(process_name="measured")
         self.tracker = SolveRateTracker.from_config(cfg.data)
-        self.prompts = prompt_iterator(self.task, cfg.data, process_index=jax.process_index(),
+        self.prompts = prompt_iterator(self.task, _process_data(cfg.data),
+                                       process_index=jax.process_index(),
                                        process_count=jax.process_count(), tracker=self.tracker)
         self.resume = resume
         self.progress = progress
+        self.do_eval = evaluate
 
     # ---------------------------------------------------------------- components
 
@@ -158,9 +182,10 @@ class Run:
         self._closers.append(self.ckpt.close)
         self._data_state = self.prompts.get_state()
         self._tracker_state = self.tracker.get_state()
-        self.ckpt.register("data", get=lambda: self._data_state, set=self.prompts.set_state)
-        self.ckpt.register("tracker", get=lambda: self._tracker_state,
-                           set=self.tracker.set_state)
+        self.ckpt.register("data", get=lambda: self._extra_state(0),
+                           set=lambda v: self.prompts.set_state(self._own_state(v, "data")))
+        self.ckpt.register("tracker", get=lambda: self._extra_state(1),
+                           set=lambda v: self.tracker.set_state(self._own_state(v, "tracker")))
         self.start_step = 0
         if self.resume:
             state = self.ckpt.restore(self.trainer.abstract_state)
@@ -168,7 +193,9 @@ class Run:
             self.start_step = int(jax.device_get(state.step))
             self._data_state = self.prompts.get_state()
             self._tracker_state = self.tracker.get_state()
-            _truncate_metrics(self.run_dir, self.start_step)
+            if self.leader:
+                _truncate_metrics(self.run_dir, self.start_step)
+        self._share_states()
         # Generator: same model, optionally another dtype, on the generator mesh.
         gen_dtype = cfg.generate.dtype or self.model_cfg.param_dtype
         gen_cfg = dataclasses.replace(self.model_cfg, param_dtype=gen_dtype, dtype=gen_dtype)
@@ -176,7 +203,10 @@ class Run:
         gen_mesh = self.meshes.generator
         _, abstract_gen = nnx.split(abstract_model(gen_cfg))
         targets = _pure_shardings(abstract_gen, gen_mesh)
-        self.sync = WeightSync(targets, dtype=gen_dtype)
+        from jaxrl.distributed import local_replica
+
+        self.sync = WeightSync(targets, dtype=gen_dtype,
+                               gather=local_replica if self.multi else None)
         gen_params, _ = self.sync(self.trainer.state.params)
         gen_model = nnx.merge(self.gen_graphdef, gen_params)
         max_len = cfg.generate.max_len or _bucket(seq_len)
@@ -192,13 +222,14 @@ class Run:
             scheduler=self.scheduler, task=self.task, tokenizer=self.tokenizer,
             prompts=self.prompts, scorer=self.scorer, trace=self.trace, tracker=self.tracker,
             cfg=ProducerConfig(
-                prompts_per_step=cfg.data.prompts_per_step, group_size=cfg.data.group_size,
+                prompts_per_step=self.prompts.prompts_per_step, group_size=cfg.data.group_size,
                 max_new_tokens=cfg.data.max_new_tokens, temperature=cfg.generate.temperature,
                 top_k=cfg.generate.top_k, top_p=cfg.generate.top_p,
                 filter_zero_variance=cfg.data.filter_zero_variance,
                 max_oversample_rounds=cfg.pipeline.max_oversample_rounds,
                 inflight=cfg.pipeline.mode == "inflight", seed=cfg.seed,
                 prompt_format=cfg.data.prompt_format,
+                slot_offset=jax.process_index() * self.prompts.prompts_per_step,
             ),
         )
 
@@ -228,6 +259,27 @@ class Run:
         self._closers.append(scorer.close)
         return pool, scorer
 
+    def _share_states(self) -> None:
+        """Every process's (data, tracker) state, for the checkpoint (collective)."""
+        if self.multi:
+            from jaxrl.distributed import allgather_objects
+
+            self._shared_states = allgather_objects((self._data_state, self._tracker_state))
+
+    def _extra_state(self, i: int):
+        if not self.multi:
+            return (self._data_state, self._tracker_state)[i]
+        return {"processes": [s[i] for s in self._shared_states]}
+
+    def _own_state(self, value, name: str):
+        per_process = isinstance(value, dict) and set(value) == {"processes"}
+        written_by = len(value["processes"]) if per_process else 1
+        if written_by != jax.process_count():
+            raise ConfigError(
+                f"the checkpoint's {name} state was written by {written_by} process(es); resume "
+                f"with the same number (this run has {jax.process_count()})")
+        return value["processes"][jax.process_index()] if per_process else value
+
     # ---------------------------------------------------------------- pipeline callbacks
 
     def _publish(self, params, version: int):
@@ -239,10 +291,17 @@ class Run:
 
     def _train(self, step: int, produced: Produced):
         groups = produced.payload
-        batch = groups_to_batch(groups)
-        prev = self.trainer.step(batch)
         self._data_state = produced.extra["data_state"]
         self._tracker_state = produced.extra["tracker_state"] or self._tracker_state
+        if self.multi:  # the global batch: every process's scored groups, in process order
+            from jaxrl.distributed import allgather_objects
+
+            parts = allgather_objects((groups, self._data_state, self._tracker_state))
+            groups = [g for part in parts for g in part[0]]
+            self._shared_states = [part[1:] for part in parts]
+            produced.num_rollouts = sum(len(g.rollouts) for g in groups)
+        batch = groups_to_batch(groups)
+        prev = self.trainer.step(batch)
         metrics = dict(produced.extra["metrics"])
         metrics.update(staleness_stats(groups, step))
         metrics.update({
@@ -259,17 +318,30 @@ class Run:
         recompilation); mid-run evaluations use a separate sampler on the trainer's params."""
         data = self.cfg.data
         records = self.task.eval_records(data.eval_size)
+        if self.multi:  # each process evaluates its share of the records
+            from jaxrl.distributed import allgather_objects, local_replica, shard_bounds
+
+            start, stop = shard_bounds(len(records))
+            params = None if on_engine else jax.tree.map(local_replica,
+                                                         self.trainer.state.params)
+            mine = (self._evaluate_records(records[start:stop], step, on_engine, start, params)
+                    if stop > start else {})
+            return _combine_evals(allgather_objects((stop - start, mine)))
+        return self._evaluate_records(records, step, on_engine, 0, None)
+
+    def _evaluate_records(self, records, step: int, on_engine: bool, offset: int, params):
+        data = self.cfg.data
         with self.trace.span("trainer", "evaluate", step=step):
             if on_engine:
                 return self.producer.evaluate(records, pass_k=data.pass_k,
                                               temperature=data.eval_temperature,
-                                              seed=self.cfg.seed + step)
+                                              seed=self.cfg.seed + step, index_offset=offset)
             from jaxrl.data.evaluate import evaluate
             from jaxrl.data.sft import sft_model
 
-            model = sft_model(self.model_cfg, self.trainer.state.params)
+            model = sft_model(self.model_cfg, params or self.trainer.state.params)
             return evaluate(model, self.task, self.tokenizer, self.scorer, cfg=data,
-                            records=records, seed=self.cfg.seed + step)
+                            records=records, seed=self.cfg.seed + step + offset)
 
     # ---------------------------------------------------------------- main loop
 
@@ -282,7 +354,7 @@ class Run:
                                progress=self.progress)
         self._closers.append(logger.close)
         eval_start = {}
-        if self.start_step == 0 and self.cfg.data.eval_size:
+        if self.start_step == 0 and self.do_eval:
             eval_start = self._evaluate(0, on_engine=True)
             log.info("eval before RL: %s", _fmt(eval_start))
         pending: dict[str, Any] = {}
@@ -300,10 +372,14 @@ class Run:
                 metrics.update({"sandbox/queue_wait_s_p50": 0.0, "sandbox/exec_s_p50": 0.0,
                                 "sandbox/timeouts": 0.0})
             metrics.update(self.scorer.metrics())
+            if self.multi:  # one row for the run: counters summed, the rest averaged
+                from jaxrl.distributed import allgather_objects, reduce_metrics
+
+                metrics = reduce_metrics(allgather_objects(metrics))
             pending.update(step=step, row=metrics)
             if self.ckpt.every and (step + 1) % self.ckpt.every == 0:
                 self.ckpt.maybe_save(self.trainer.state)
-            if should_evaluate(step + 1, cfg.data) and step + 1 < total:
+            if self.do_eval and should_evaluate(step + 1, cfg.data) and step + 1 < total:
                 metrics.update(self._evaluate(step + 1, on_engine=False))
 
         pipeline = Pipeline(mode=cfg.pipeline.mode, max_staleness=cfg.pipeline.max_staleness,
@@ -315,7 +391,7 @@ class Run:
         if pending:
             if last is not None:
                 pending["row"].update(last)
-            eval_end = self._evaluate(total, on_engine=True) if cfg.data.eval_size else {}
+            eval_end = self._evaluate(total, on_engine=True) if self.do_eval else {}
             pending["row"].update(eval_end)
             self._log(logger, pending["step"], pending["row"])
         else:
@@ -363,6 +439,34 @@ class Run:
         self._closers.clear()
 
 
+def _process_data(data):
+    """This process's data config: `data.prompts_per_step` is per step for the whole run, so
+    each of several processes draws its share (from its own shard of the prompts)."""
+    n = jax.process_count()
+    if n == 1:
+        return data
+    if data.prompts_per_step % n:
+        raise ConfigError(f"data.prompts_per_step={data.prompts_per_step} must be a multiple of "
+                          f"the number of processes ({n}): each process draws an equal share")
+    return dataclasses.replace(data, prompts_per_step=data.prompts_per_step // n)
+
+
+def _combine_evals(parts: list[tuple[int, dict]]) -> dict:
+    """Every process's evaluation of its share of the records -> the metrics of all of them."""
+    parts = [(n, m) for n, m in parts if n and m]
+    total = sum(n for n, _ in parts)
+    out: dict = {}
+    for key in sorted({k for _, m in parts for k in m}):
+        vals = [(n, m[key]) for n, m in parts if key in m]
+        if key.endswith("/time_s"):
+            out[key] = float(max(v for _, v in vals))
+        elif key.endswith(("/prompts", "/reward_errors")):
+            out[key] = float(sum(v for _, v in vals))
+        else:
+            out[key] = float(sum(n * v for n, v in vals) / max(total, 1))
+    return out
+
+
 def _pure_shardings(abstract_state, mesh):
     from jaxrl.sharding import state_shardings
 
@@ -389,10 +493,26 @@ def _fmt(metrics: dict) -> str:
                      if isinstance(v, float) and np.isfinite(v))
 
 
-def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> RunResult:
+def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True,
+        evaluate: bool = True) -> RunResult:
     """Run one experiment; resources are released however it ends."""
-    runner = Run(cfg, resume=resume, progress=progress)
+    runner = Run(cfg, resume=resume, progress=progress, evaluate=evaluate)
     try:
         return runner.run()
+    except BaseException as e:
+        _bound_shutdown(e)
+        raise
     finally:
         runner.close()
+
+
+def _bound_shutdown(error: BaseException) -> None:
+    """Several processes: say which one failed and why, and bound the cleanup that follows
+    (closing may wait on peers that are gone)."""
+    if jax.process_count() > 1:
+        import sys
+
+        from jaxrl.distributed import exit_after, failure_message
+
+        print(failure_message(error), file=sys.stderr, flush=True)
+        exit_after(60.0, f"{type(error).__name__}: {error}")

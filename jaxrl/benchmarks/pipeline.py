@@ -1,0 +1,86 @@
+"""`python launch/bench.py pipeline`: one workload in sync, periodic, async (k=2) and inflight.
+
+Each mode runs the same experiment (default: configs/default.py, SFT warm start from its cache)
+for a fixed number of steps with evaluation off. Steps after `--warmup` are averaged: wall-clock
+per step, trainer idle fraction, produced vs consumed rollouts/s, weight-sync GB/s. The peer is
+`sync` in the same run; each mode's speedup is its step time relative to sync's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+MODES = ("sync", "periodic", "async", "inflight")
+COLUMNS = (
+    ("pipeline/step_s", "step_s"),
+    ("pipeline/trainer_idle_frac", "trainer_idle"),
+    ("pipeline/generator_idle_frac", "gen_idle"),
+    ("pipeline/rollouts_per_s_produced", "produced/s"),
+    ("pipeline/rollouts_per_s_consumed", "consumed/s"),
+    ("pipeline/weight_sync_gbps", "sync_GB/s"),
+    ("staleness/max", "stale_max"),
+    ("reward/mean", "reward"),
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    root = Path(__file__).resolve().parents[2]
+    p = argparse.ArgumentParser(prog="bench.py pipeline", description=__doc__)
+    p.add_argument("--config", default=str(root / "configs" / "default.py"))
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=2, help="first steps left out (compilation)")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--out", default=None, help="write the figures as JSON here")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args, overrides = _parser().parse_known_args(argv)
+    if "XLA_FLAGS" not in os.environ:
+        from jaxrl.cpu import simulated_device_flags
+
+        os.environ["XLA_FLAGS"] = simulated_device_flags()
+    import jax
+
+    from jaxrl.config import load_config
+    from jaxrl.run import run
+
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise SystemExit(f"unknown modes {bad}; valid: {list(MODES)}")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="jaxrl-bench-") as tmp:
+        for mode in modes:
+            cfg = load_config(args.config, [
+                *overrides, f"--name=bench-{mode}", f"--run_dir={tmp}",
+                f"--pipeline.mode={mode}", "--pipeline.max_staleness=2",
+                f"--pipeline.steps={args.steps}", "--train.checkpoint_every=0",
+            ])
+            t0 = time.perf_counter()
+            result = run(cfg, progress=False, evaluate=False)
+            rows = result.history[args.warmup:]
+            figures = {label: float(np.mean([r[key] for r in rows if key in r]))
+                       for key, label in COLUMNS}
+            figures["wall_s"] = time.perf_counter() - t0
+            results[mode] = figures
+    base = results.get("sync", {}).get("step_s")
+    devices = jax.devices()
+    header = f"{'mode':<9}" + "".join(f"{label:>13}" for _, label in COLUMNS) + f"{'vs sync':>9}"
+    print(f"pipeline benchmark: {args.steps} steps per mode ({args.warmup} warm-up left out), "
+          f"{len(devices)} {devices[0].platform} device(s), config {Path(args.config).name}")
+    print(header)
+    for mode, f in results.items():
+        speed = f"{base / f['step_s']:.2f}x" if base else "-"
+        print(f"{mode:<9}" + "".join(f"{f[label]:>13.4g}" for _, label in COLUMNS)
+              + f"{speed:>9}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
