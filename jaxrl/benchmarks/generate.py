@@ -12,11 +12,14 @@ and FLOPs per step against a measured f32 matmul peak.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 import time
 
 import numpy as np
+
+print = functools.partial(print, flush=True)  # progress shows while the peer runs
 
 
 def _parse(argv):

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl.generate.sampling import sample_key, sample_tokens
 from jaxrl.models.transformer import DTYPES, KVCache, Transformer, rope_frequencies
@@ -194,7 +194,7 @@ class JaxEngine:
         if mesh is not None:
             self._param_shardings = state_shardings(state, mesh, "generator")
             state = jax.device_put(state, self._param_shardings)
-        self.params = Weights(state=state, version=jnp.asarray(version, jnp.int32))
+        self.params = Weights(state=state, version=self._version(version))
         self._state_shardings = self._decode_state_shardings()
         self.trace_counts: dict[str, int] = {"prefill": 0, "insert": 0, "generate": 0}
         self._prefill_fn = jax.jit(self._prefill_impl)
@@ -251,6 +251,13 @@ class JaxEngine:
             temperature=np.float32(temperature), top_k=np.int32(top_k), top_p=np.float32(top_p),
             max_tokens=np.int32(max_tokens), stop_ids=stop_ids,
         )
+
+    def _version(self, version: int) -> jax.Array:
+        """The version scalar, replicated on the generator mesh (which may exclude device 0)."""
+        value = np.int32(version)
+        if self.mesh is None:
+            return jnp.asarray(value)
+        return jax.device_put(value, NamedSharding(self.mesh, PartitionSpec()))
 
     def _decode_state_shardings(self):
         if self.mesh is None:
@@ -309,7 +316,7 @@ class JaxEngine:
                 )
         if self._param_shardings is not None:
             params = jax.device_put(params, self._param_shardings)
-        self.params = Weights(state=params, version=jnp.asarray(version, jnp.int32))
+        self.params = Weights(state=params, version=self._version(version))
 
     def prefill(self, params: Weights, tokens: Sequence[int], true_length: int | None = None
                 ) -> Prefix:
