@@ -238,6 +238,7 @@ class DistConfig:
     num_processes: int | None = None
     process_id: int | None = None
     initialization_timeout_s: int = 120
+    heartbeat_timeout_s: int = 60  # a peer silent this long is dead: every process stops
 
     def __post_init__(self):
         if self.num_processes is not None and self.num_processes < 1:

@@ -249,6 +249,12 @@ class Run:
             if rc.backend == "ray":
                 from jaxrl.rewards import RaySandboxPool
 
+                if self.multi and rc.address and not rc.num_workers:
+                    raise ConfigError(
+                        "rewards.backend=ray with a shared cluster (rewards.address) and several "
+                        "processes: set --rewards.num_workers to each process's share of the "
+                        "cluster's CPUs (each process starts its own sandbox actors)")
+
                 pool = RaySandboxPool(address=rc.address, tier=rc.tier,
                                       num_workers=rc.num_workers or None)
             else:

@@ -1,12 +1,17 @@
 """Run an experiment: `python launch/run.py [--config configs/<name>.py] [--a.b=c ...] [--resume]`.
 
 With no arguments it runs the default experiment (configs/default.py) on the devices it finds.
+Several processes (TPU pod, GPU cluster, `launch/local_cluster.py`) each run this same command;
+`jax.distributed` starts from the environment or `--dist.coordinator=host:port
+--dist.num_processes=N --dist.process_id=i` (docs/scale.md). A process that fails exits at once
+(no waiting on peers that may be gone), which makes the others fail fast too.
 """
 
 import argparse
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,11 +41,34 @@ def main(argv: list[str]) -> int:
         jaxrl.run.run(cfg, resume=args.resume, progress=not args.quiet)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _leave(2)
     except KeyboardInterrupt:
         print("interrupted: stopped cleanly; continue with --resume", file=sys.stderr)
-        return 130
+        return _leave(130)
+    except Exception:
+        if _multi_process():
+            traceback.print_exc()
+            _leave(1)
+        raise
     return 0
+
+
+def _multi_process() -> bool:
+    import jax
+
+    from jaxrl import distributed
+
+    return distributed._initialized and jax.process_count() > 1
+
+
+def _leave(code: int) -> int:
+    """Several processes: exit now, skipping the distributed shutdown barrier, which would wait
+    for (or abort on) peers that failed too."""
+    if _multi_process():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

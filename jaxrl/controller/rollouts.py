@@ -46,6 +46,7 @@ class ProducerConfig:
     inflight: bool = False
     seed: int = 0
     prompt_format: str = "auto"
+    slot_offset: int = 0  # multi-process: this process's first prompt slot in the global step
 
 
 class RolloutProducer:
@@ -67,7 +68,7 @@ class RolloutProducer:
         c = self.cfg
         return SamplingParams(
             max_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
-            n=c.group_size, seed=request_seed(c.seed, step, round_, slot),
+            n=c.group_size, seed=request_seed(c.seed, step, round_, c.slot_offset + slot),
         )
 
     def _generate(self, records: list[dict], step: int, round_: int, weights) -> list:
@@ -107,8 +108,12 @@ class RolloutProducer:
         return groups, scores.metrics()
 
     def evaluate(self, records: list[dict], *, pass_k: int, temperature: float, seed: int,
-                 greedy: bool = True, prefix: str = "eval") -> dict[str, float]:
+                 greedy: bool = True, prefix: str = "eval",
+                 index_offset: int = 0) -> dict[str, float]:
         """pass@1 / pass@k (and greedy pass@1) with the engine's current weights.
+
+        `index_offset`: position of `records[0]` among all held-out records (a process's share
+        in a multi-process run samples with the same seeds as one process would).
 
         Runs on this producer's scheduler, so call it only while the pipeline is not running
         (before the first step and after the last): no second engine, no recompilation.
@@ -121,7 +126,7 @@ class RolloutProducer:
         def sample_rewards(n: int, temp: float) -> np.ndarray:
             ids = [self.scheduler.submit(p, SamplingParams(
                 max_tokens=self.cfg.max_new_tokens, temperature=temp, n=n,
-                seed=request_seed(seed, -1, n, i))) for i, p in enumerate(prompts)]
+                seed=request_seed(seed, -1, n, index_offset + i))) for i, p in enumerate(prompts)]
             done = {rid: [] for rid in ids}
             for c in self.scheduler.run():
                 done[c.request_id].append(c)

@@ -42,19 +42,28 @@ def _chunks(sizes: list[int], limit: int) -> list[list[int]]:
     return groups
 
 
+@jax.jit
+def _copy(x):
+    return jnp.copy(x)
+
+
 class WeightSync:
     """Callable that reshards a parameter pytree onto fixed target shardings.
 
     `target_shardings` is a pytree of `jax.sharding.Sharding` matching the parameters (or a tree
     prefix of them). `dtype` casts floating leaves for the generator; `None` keeps dtypes.
+    `gather` (multi-process runs) turns each cast leaf into a process-local copy before it moves
+    (`jaxrl.distributed.local_replica`: the generator mesh is process-local).
     """
 
-    def __init__(self, target_shardings: Any, *, dtype: Any = None, chunk_bytes: int = 1 << 28):
+    def __init__(self, target_shardings: Any, *, dtype: Any = None, chunk_bytes: int = 1 << 28,
+                 gather: Any = None):
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
         self.target_shardings = target_shardings
         self.dtype = None if dtype is None else jnp.dtype(dtype)
         self.chunk_bytes = int(chunk_bytes)
+        self.gather = gather
         self.history: list[SyncStats] = []
 
     def _out_dtype(self, dtype):
@@ -62,9 +71,15 @@ class WeightSync:
             return self.dtype
         return jnp.dtype(dtype)
 
-    def _cast(self, x):
+    def _cast(self, x, sharding):
         dtype = self._out_dtype(x.dtype)
-        return x if dtype == x.dtype else x.astype(dtype)
+        if dtype != x.dtype:
+            x = x.astype(dtype)  # a new buffer
+        elif self.gather is None and set(x.sharding.device_set) & set(sharding.device_set):
+            # Shared devices (colocated meshes): device_put may return the trainer's own buffer
+            # (even with may_alias=False), which the next train step donates. Copy first.
+            x = _copy(x)
+        return x if self.gather is None else self.gather(x)
 
     def __call__(self, params: Any) -> tuple[Any, SyncStats]:
         # The shardings tree may be a prefix of the params tree (e.g. one sharding per NNX
@@ -88,7 +103,8 @@ class WeightSync:
         groups = _chunks(sizes, self.chunk_bytes)
         for group in groups:
             placed = jax.device_put(
-                [self._cast(leaves[i]) for i in group], [shardings[i] for i in group]
+                [self._cast(leaves[i], shardings[i]) for i in group],
+                [shardings[i] for i in group],
             )
             jax.block_until_ready(placed)
             for i, x in zip(group, placed, strict=True):
