@@ -124,6 +124,9 @@ class Engine(Protocol):
     def generate(self, params: Weights, decode_state: DecodeState
                  ) -> tuple[DecodeState, StepResult]: ...
 
+    def generate_chunk(self, params: Weights, decode_state: DecodeState,
+                       min_finished: int | None = None) -> tuple[DecodeState, StepResult]: ...
+
     def set_params(self, params: Any, version: int) -> None: ...
 
 
@@ -208,6 +211,18 @@ class JaxEngine:
                        **chunk_kw)
             for n in (1, chunk_steps)
         }
+
+    @classmethod
+    def from_config(cls, model: Transformer, gen_cfg, *, max_len: int | None = None,
+                    mesh: Mesh | None = None, eos_ids: Sequence[int] = (),
+                    version: int = 0) -> JaxEngine:
+        """An engine from a `GenerateConfig`; `max_len` is used when `gen_cfg.max_len` is 0."""
+        length = gen_cfg.max_len or max_len
+        if not length:
+            raise ValueError("generate.max_len is 0 (automatic): pass max_len= (longest prompt "
+                             "+ max new tokens)")
+        return cls(model, num_slots=gen_cfg.num_slots, max_len=length, mesh=mesh,
+                   chunk_steps=gen_cfg.chunk_steps, eos_ids=eos_ids, version=version)
 
     # ------------------------------------------------------------------ host-side helpers
 

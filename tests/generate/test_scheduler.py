@@ -155,6 +155,15 @@ def test_bad_requests_are_rejected(engine, prompt, sp, match):
     assert not sched.has_work()
 
 
+def test_engine_from_generate_config(model):
+    from jaxrl.config import GenerateConfig
+
+    engine = JaxEngine.from_config(model, GenerateConfig(num_slots=4, chunk_steps=2), max_len=32)
+    assert (engine.num_slots, engine.max_len, engine.chunk_steps) == (4, 32, 2)
+    with pytest.raises(ValueError, match="max_len is 0"):
+        JaxEngine.from_config(model, GenerateConfig())
+
+
 def test_bad_arguments_name_the_value():
     with pytest.raises(ValueError, match="n must be an integer >= 1, got 0"):
         SamplingParams(n=0)
