@@ -8,12 +8,19 @@ default GRPO objective (ppo_clip, token_mean) and AdamW. MFU = model FLOPs (6 N 
 With `--vs torch`, the same shapes as a `transformers.Qwen2ForCausalLM` trained with
 `torch.optim.AdamW` on the same batch (on-policy policy-gradient loss, whose gradient equals the
 GRPO ppo_clip gradient at ratio 1) are timed in the same run, and the ratio printed.
+
+The torch peer runs with OMP_WAIT_POLICY=PASSIVE unless set (see `make_torch_step`).
+Shared machines are noisy, so each timed iteration runs one jax step, one torch step and one
+f32 matmul probe back to back; figures are medians, the ratio is the median of per-iteration
+ratios, and MFU is given both against the machine's cached peak (`train/mfu`) and against the
+matmul rate probed in the same iteration (what the cores delivered at that moment).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -47,11 +54,12 @@ def make_inputs(args, vocab: int):
     mask = np.zeros((b, t), np.float32)
     mask[:, t // 4 :] = 1.0  # a quarter prompt, three quarters completion
     rewards = rng.integers(0, 2, b).astype(np.float32)
-    groups = np.repeat(np.arange(b // 4), 4).astype(np.int32)
+    g = 4 if b % 4 == 0 else b  # groups of 4 samples per prompt
+    groups = np.repeat(np.arange(b // g), g).astype(np.int32)
     return tokens, mask, rewards, groups
 
 
-def bench_jax(args, model_cfg, inputs):
+def make_jax_step(args, model_cfg, inputs):
     import jax
 
     from jaxrl.config import MeshConfig
@@ -67,19 +75,19 @@ def bench_jax(args, model_cfg, inputs):
     )
     trainer = Trainer(model_cfg, cfg, mesh)
     batch = make_batch(*inputs)
-    times, mfus = [], []
-    for i in range(args.warmup + args.steps):
-        m = trainer.step(batch)
-        if m is not None and i > args.warmup:  # metrics of step i-1; step 0 compiles
-            times.append(m["train/step_s"])
-            mfus.append(m["train/mfu"])
-    m = trainer.flush()
-    times.append(m["train/step_s"])
-    mfus.append(m["train/mfu"])
-    return statistics.median(times), statistics.median(mfus), trainer._peak
+
+    def step():  # dispatch + block: the full host-visible cost of one update
+        trainer.step(batch)
+        trainer.flush()
+
+    return step
 
 
-def bench_torch(args, model_cfg, inputs):
+def make_torch_step(args, model_cfg, inputs):
+    # OpenMP's default busy-wait collapses when other processes share the cores (measured 4x
+    # slower on a loaded 2-core box); passive waiting is torch's best setting there. It must be
+    # set before torch starts its thread pool; an explicit OMP_WAIT_POLICY wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     import transformers
 
@@ -100,7 +108,7 @@ def bench_torch(args, model_cfg, inputs):
     model = transformers.Qwen2ForCausalLM(hf_cfg).float().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
     tokens, mask, rewards, groups = (torch.as_tensor(x) for x in inputs)
-    r = rewards.view(-1, 4)
+    r = rewards.view(-1, int((groups == 0).sum()))
     adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).view(-1)
     tgt_mask = mask[:, 1:]
 
@@ -113,13 +121,29 @@ def bench_torch(args, model_cfg, inputs):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    times = []
-    for i in range(args.warmup + args.steps):
+    return step
+
+
+def make_matmul_probe(n: int = 2048):
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda x, y: jnp.dot(x, y, precision="highest"))
+    f(a, a).block_until_ready()
+
+    def probe() -> float:
         t0 = time.perf_counter()
-        step()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        f(a, a).block_until_ready()
+        return 2.0 * n**3 / (time.perf_counter() - t0)
+
+    return probe
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def main(argv: list[str]) -> int:
@@ -127,49 +151,71 @@ def main(argv: list[str]) -> int:
     p.add_argument("--vs", choices=["torch", "none"], default="none")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=512)
-    p.add_argument("--steps", type=int, default=5, help="timed steps")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--micro-batches", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3, help="timed iterations")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--micro-batches", type=int, default=4, help="gradient accumulation")
     p.add_argument("--remat", default="none")
     p.add_argument("--chunk", type=int, default=128, help="logprob chunk (tokens)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--torch-threads", type=int, default=2)
     args = p.parse_args(argv)
 
-    from jaxrl.train.flops import train_flops_per_token
+    from jaxrl.train.flops import peak_flops, train_flops_per_token
 
-    from jaxrl.train.flops import peak_flops
-
-    peak_flops(refresh=True)  # re-measure now; the cache keeps the best seen on this machine
+    peak = peak_flops(refresh=True)  # measure now; the cache keeps the best seen on this machine
     model_cfg = bench_model_config(args)
     inputs = make_inputs(args, model_cfg.vocab_size)
     tokens = args.batch * args.seq
-    step_s, mfu, peak = bench_jax(args, model_cfg, inputs)
+    flops = train_flops_per_token(model_cfg, args.seq) * tokens
+    jax_step = make_jax_step(args, model_cfg, inputs)
+    torch_step = make_torch_step(args, model_cfg, inputs) if args.vs == "torch" else None
+    probe = make_matmul_probe()
+    rows = []
+    for i in range(args.warmup + args.steps):
+        row = {"jax_s": _timed(jax_step)}
+        if torch_step is not None:
+            row["torch_s"] = _timed(torch_step)
+        row["matmul_flops"] = max(probe(), probe())
+        tag = "warmup" if i < args.warmup else "timed"
+        print(f"[{tag} {i}] " + "  ".join(f"{k}={v:.4g}" for k, v in row.items()), flush=True)
+        if i >= args.warmup:
+            rows.append(row)
+    med = lambda key: statistics.median(r[key] for r in rows)
+    jax_s = med("jax_s")
     out = {
         "model_params": model_cfg.num_params(),
         "batch": args.batch,
         "seq": args.seq,
+        "micro_batches": args.micro_batches,
         "flops_per_token": train_flops_per_token(model_cfg, args.seq),
-        "peak_flops": peak,
-        "jax_step_s": step_s,
-        "jax_tokens_per_s": tokens / step_s,
-        "jax_mfu": mfu,
+        "peak_flops_cached": peak,
+        "matmul_flops_probed": med("matmul_flops"),
+        "jax_step_s": jax_s,
+        "jax_tokens_per_s": tokens / jax_s,
+        "jax_mfu": flops / jax_s / peak,
+        "jax_mfu_vs_probe": statistics.median(flops / r["jax_s"] / r["matmul_flops"] for r in rows),
     }
     print(
-        f"jax   : {tokens / step_s:9.1f} tokens/s  step {step_s:.3f}s  MFU {mfu:.1%} "
-        f"(peak {peak / 1e9:.1f} GFLOP/s)",
+        f"jax   : {tokens / jax_s:9.1f} tokens/s  step {jax_s:.2f}s  MFU {out['jax_mfu']:.1%} of "
+        f"cached peak {peak / 1e9:.1f} GFLOP/s, {out['jax_mfu_vs_probe']:.1%} of the probed "
+        f"matmul rate ({out['matmul_flops_probed'] / 1e9:.1f} GFLOP/s)",
         flush=True,
     )
-    if args.vs == "torch":
-        t_s = bench_torch(args, model_cfg, inputs)
-        t_mfu = train_flops_per_token(model_cfg, args.seq) * tokens / t_s / peak
+    if torch_step is not None:
+        t_s = med("torch_s")
         out.update(
             torch_step_s=t_s,
             torch_tokens_per_s=tokens / t_s,
-            torch_mfu=t_mfu,
-            ratio_vs_torch=t_s / step_s,
+            torch_mfu=flops / t_s / peak,
+            torch_mfu_vs_probe=statistics.median(
+                flops / r["torch_s"] / r["matmul_flops"] for r in rows
+            ),
+            ratio_vs_torch=statistics.median(r["torch_s"] / r["jax_s"] for r in rows),
         )
-        print(f"torch : {tokens / t_s:9.1f} tokens/s  step {t_s:.3f}s  MFU {t_mfu:.1%}")
-        print(f"jax / torch tokens/s: {t_s / step_s:.2f}x")
+        print(
+            f"torch : {tokens / t_s:9.1f} tokens/s  step {t_s:.2f}s  MFU {out['torch_mfu']:.1%} "
+            f"of cached peak, {out['torch_mfu_vs_probe']:.1%} of the probed matmul rate"
+        )
+        print(f"jax / torch tokens/s (median of paired ratios): {out['ratio_vs_torch']:.2f}x")
     print(json.dumps(out))
     return 0

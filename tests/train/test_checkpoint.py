@@ -95,3 +95,55 @@ def test_export_hf_round_trips(run, model_cfg, train_cfg, mesh, tmp_path):
     back = nnx.to_pure_dict(nnx.state(model))
     close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=0)
     jax.tree.map(close, back, jax.device_get(tr.state.params))
+
+
+_CHILD = """
+import os, sys, time
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax
+jax.config.update("jax_default_matmul_precision", "highest")
+sys.path.insert(0, {tests!r})
+from conftest import toy_batch
+from jaxrl.sharding import make_mesh
+from jaxrl.testing import tiny_model_config
+from jaxrl.train.checkpoint import Checkpointer
+from jaxrl.train.config import TrainConfig
+from jaxrl.train.trainer import Trainer
+mesh = make_mesh((2, 1), "trainer", jax.devices()[:2])
+tr = Trainer(tiny_model_config(), TrainConfig(lr=1e-2, logprob_chunk=8, weight_decay=0.0), mesh)
+ckpt = Checkpointer({ckpt!r}, every=2, keep=2)
+for i in range(2):
+    tr.step(toy_batch(seed=10 + i))
+tr.flush()
+ckpt.maybe_save(tr.state)
+ckpt.wait()
+print("SAVED", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_is_bit_identical(run, model_cfg, mesh, train_cfg, tmp_path):
+    """A separate process trains 2 steps, checkpoints, and is killed with SIGKILL; this process
+    restores and continues: bit-identical to the uninterrupted run (same data, same order)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    ckpt_dir = tmp_path / "ckpt"
+    code = _CHILD.format(tests=os.path.dirname(__file__), ckpt=str(ckpt_dir))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "SAVED"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    resumed = Trainer(model_cfg, train_cfg, mesh)
+    ckpt = Checkpointer(ckpt_dir, every=2, keep=2)
+    resumed.replace_state(ckpt.restore(resumed.abstract_state))
+    for b in run["batches"][2:]:
+        resumed.step(b)
+    resumed.flush()
+    assert _equal(resumed.state, run["straight"].state)
+    ckpt.close()
