@@ -169,3 +169,266 @@ def flash_fwd_tpu(
         interpret=interpret,
         name="jaxrl_flash_fwd_tpu",
     )(bounds, qf, kf, vf, q_seg, kv_seg)
+
+
+def _bwd_mask_t(kv_block, q_block, bk, bq, *, causal, kv_len, group, q_seg_t, kv_seg_t):
+    """Visibility in the transposed orientation [bk, bq] (kv rows, q columns), or None."""
+    mask = None
+    cols = kv_block * bk + lax.broadcasted_iota(jnp.int32, (bk, bq), 0)
+    rows = q_block * bq + lax.broadcasted_iota(jnp.int32, (bk, bq), 1)
+    if causal:
+        mask = cols * group <= rows
+    if kv_len is not None:
+        mask = (cols < kv_len) if mask is None else mask & (cols < kv_len)
+    if q_seg_t is not None:
+        same = kv_seg_t == q_seg_t  # [bk, 1] == [1, bq]
+        mask = same if mask is None else mask & same
+    return mask
+
+
+def _flash_bwd_dkv_kernel(
+    qbounds_ref,  # SMEM [B * nk * 2]: q block range [qlo, qhi) that sees each kv block
+    q_ref,  # [bq, D]
+    k_ref,  # [bk, D]
+    v_ref,  # [bk, D]
+    do_ref,  # [bq, D]
+    lse_t_ref,  # [1, bq] f32
+    delta_t_ref,  # [1, bq] f32
+    q_seg_t_ref,  # [1, bq] int32
+    kv_seg_t_ref,  # [bk, 1] int32
+    dk_ref,  # [bk, D]
+    dv_ref,  # [bk, D]
+    dk_scr_ref,  # VMEM [bk, D] f32
+    dv_scr_ref,  # VMEM [bk, D] f32
+    *,
+    sm_scale: float,
+    causal: bool,
+    use_segments: bool,
+    kv_len: int | None,
+    group: int,
+    num_kv_blocks: int,
+):
+    """Scores are formed transposed (k q^T, [bk, bq]) so every matmul is NN or NT."""
+    b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    bq, bk = q_ref.shape[0], k_ref.shape[0]
+    base = (b * num_kv_blocks + j) * 2
+    q_lo, q_hi = qbounds_ref[base], qbounds_ref[base + 1]
+    q_block = q_lo + t
+
+    @pl.when(t == 0)
+    def _init():
+        dk_scr_ref[...] = jnp.zeros(dk_scr_ref.shape, jnp.float32)
+        dv_scr_ref[...] = jnp.zeros(dv_scr_ref.shape, jnp.float32)
+
+    @pl.when(q_block < q_hi)
+    def _step():
+        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        s_t = lax.dot_general(k, q, _NT, preferred_element_type=jnp.float32) * sm_scale
+        p_t = jnp.exp(s_t - lse_t_ref[...])
+        mask = _bwd_mask_t(
+            j,
+            q_block,
+            bk,
+            bq,
+            causal=causal,
+            kv_len=kv_len,
+            group=group,
+            q_seg_t=q_seg_t_ref[...] if use_segments else None,
+            kv_seg_t=kv_seg_t_ref[...] if use_segments else None,
+        )
+        if mask is not None:
+            p_t = jnp.where(mask, p_t, 0.0)
+        dv_scr_ref[...] += lax.dot_general(
+            p_t.astype(do.dtype), do, _NN, preferred_element_type=jnp.float32
+        )
+        dp_t = lax.dot_general(v, do, _NT, preferred_element_type=jnp.float32)
+        ds_t = p_t * (dp_t - delta_t_ref[...]) * sm_scale
+        dk_scr_ref[...] += lax.dot_general(
+            ds_t.astype(q.dtype), q, _NN, preferred_element_type=jnp.float32
+        )
+
+    @pl.when(t == pl.num_programs(3) - 1)
+    def _finish():
+        dk_ref[...] = dk_scr_ref[...].astype(dk_ref.dtype)
+        dv_ref[...] = dv_scr_ref[...].astype(dv_ref.dtype)
+
+
+def _flash_bwd_dq_kernel(
+    bounds_ref,  # SMEM [B * nq * 3]: the forward's table
+    q_ref,  # [bq, D]
+    k_ref,  # [bk, D]
+    v_ref,  # [bk, D]
+    do_ref,  # [bq, D]
+    lse_ref,  # [bq, 1]
+    delta_ref,  # [bq, 1]
+    q_seg_ref,  # [bq, 1]
+    kv_seg_ref,  # [1, bk]
+    dq_ref,  # [bq, D]
+    dq_scr_ref,  # VMEM [bq, D] f32
+    *,
+    sm_scale: float,
+    causal: bool,
+    use_segments: bool,
+    kv_len: int | None,
+    group: int,
+    num_q_blocks: int,
+):
+    b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    bq, bk = q_ref.shape[0], k_ref.shape[0]
+    base = (b * num_q_blocks + i) * 3
+    lo, hi = bounds_ref[base], bounds_ref[base + 2]
+    kv_block = lo + j
+
+    @pl.when(j == 0)
+    def _init():
+        dq_scr_ref[...] = jnp.zeros(dq_scr_ref.shape, jnp.float32)
+
+    @pl.when(kv_block < hi)
+    def _step():
+        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * sm_scale
+        p = jnp.exp(s - lse_ref[...])
+        mask = jnp.ones((bq, bk), dtype=bool)
+        cols = kv_block * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+        if causal:
+            mask = mask & (cols * group <= i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0))
+        if kv_len is not None:
+            mask = mask & (cols < kv_len)
+        if use_segments:
+            mask = mask & (q_seg_ref[...] == kv_seg_ref[...])
+        p = jnp.where(mask, p, 0.0)
+        dp = lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
+        ds = p * (dp - delta_ref[...]) * sm_scale
+        dq_scr_ref[...] += lax.dot_general(
+            ds.astype(k.dtype), k, _NN, preferred_element_type=jnp.float32
+        )
+
+    @pl.when(j == pl.num_programs(3) - 1)
+    def _finish():
+        dq_ref[...] = dq_scr_ref[...].astype(dq_ref.dtype)
+
+
+def flash_bwd_tpu(
+    bounds,
+    qbounds,
+    qf,
+    kf,
+    vf,
+    dof,
+    lse,
+    delta,
+    q_seg,
+    kv_seg,
+    *,
+    sm_scale,
+    causal,
+    use_segments,
+    kv_len,
+    group,
+    block_q,
+    block_k,
+    interpret,
+):
+    """Head-major layouts as the forward's; lse / delta [B, Hkv, Rp] f32, q_seg [B, Rp],
+    kv_seg [B, Sp], bounds [B * nq * 3], qbounds [B * nk * 2]. Returns dqf, dkf, dvf."""
+    B, Hkv, Rp, D = qf.shape
+    Sp = kf.shape[2]
+    nq, nk = Rp // block_q, Sp // block_k
+    flags = dict(
+        sm_scale=sm_scale, causal=causal, use_segments=use_segments, kv_len=kv_len, group=group
+    )
+    sem = pltpu.CompilerParams(
+        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+    )
+
+    def q_block(b, j, t, qb_ref):  # dk/dv grid (B, Hkv, nk, nq): q block for step t
+        base = (b * nk + j) * 2
+        lo, hi = qb_ref[base], qb_ref[base + 1]
+        return jnp.minimum(lo + t, jnp.maximum(hi - 1, 0))
+
+    q_rows = pl.BlockSpec(
+        (None, None, block_q, D), lambda b, h, j, t, r: (b, h, q_block(b, j, t, r), 0)
+    )
+    kv_own = pl.BlockSpec((None, None, block_k, D), lambda b, h, j, t, r: (b, h, j, 0))
+    row_t = pl.BlockSpec(
+        (None, None, 1, block_q), lambda b, h, j, t, r: (b, h, 0, q_block(b, j, t, r))
+    )
+    dk, dv = pl.pallas_call(
+        functools.partial(_flash_bwd_dkv_kernel, num_kv_blocks=nk, **flags),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(B, Hkv, nk, nq),
+            in_specs=[
+                q_rows,
+                kv_own,
+                kv_own,
+                q_rows,
+                row_t,
+                row_t,
+                pl.BlockSpec((None, 1, block_q), lambda b, h, j, t, r: (b, 0, q_block(b, j, t, r))),
+                pl.BlockSpec((None, block_k, 1), lambda b, h, j, t, r: (b, j, 0)),
+            ],
+            out_specs=[kv_own, kv_own],
+            scratch_shapes=[pltpu.VMEM((block_k, D), jnp.float32)] * 2,
+        ),
+        out_shape=[out_struct(kf.shape, kf.dtype, kf), out_struct(vf.shape, vf.dtype, vf)],
+        compiler_params=sem,
+        interpret=interpret,
+        name="jaxrl_flash_bwd_dkv_tpu",
+    )(
+        qbounds,
+        qf,
+        kf,
+        vf,
+        dof,
+        lse[:, :, None, :],
+        delta[:, :, None, :],
+        q_seg[:, None, :],
+        kv_seg[:, :, None],
+    )
+
+    def kv_block(b, i, j, br):  # dq grid (B, Hkv, nq, nk): as the forward
+        base = (b * nq + i) * 3
+        return jnp.minimum(br[base] + j, jnp.maximum(br[base + 2] - 1, 0))
+
+    q_own = pl.BlockSpec((None, None, block_q, D), lambda b, h, i, j, r: (b, h, i, 0))
+    kv_rows = pl.BlockSpec(
+        (None, None, block_k, D), lambda b, h, i, j, r: (b, h, kv_block(b, i, j, r), 0)
+    )
+    row = pl.BlockSpec((None, None, block_q, 1), lambda b, h, i, j, r: (b, h, i, 0))
+    dq = pl.pallas_call(
+        functools.partial(_flash_bwd_dq_kernel, num_q_blocks=nq, **flags),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(B, Hkv, nq, nk),
+            in_specs=[
+                q_own,
+                kv_rows,
+                kv_rows,
+                q_own,
+                row,
+                row,
+                pl.BlockSpec((None, block_q, 1), lambda b, h, i, j, r: (b, i, 0)),
+                pl.BlockSpec(
+                    (None, 1, block_k), lambda b, h, i, j, r: (b, 0, kv_block(b, i, j, r))
+                ),
+            ],
+            out_specs=q_own,
+            scratch_shapes=[pltpu.VMEM((block_q, D), jnp.float32)],
+        ),
+        out_shape=out_struct(qf.shape, qf.dtype, qf),
+        compiler_params=sem,
+        interpret=interpret,
+        name="jaxrl_flash_bwd_dq_tpu",
+    )(
+        bounds,
+        qf,
+        kf,
+        vf,
+        dof,
+        lse[..., None],
+        delta[..., None],
+        q_seg[:, :, None],
+        kv_seg[:, None, :],
+    )
+    return dq, dk, dv

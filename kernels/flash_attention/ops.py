@@ -2,10 +2,10 @@
 
 Forward: the Pallas kernel (TPU Mosaic body in kernel.py, GPU Triton body in kernel_gpu.py); it
 returns the output and the per-row log-sum-exp. Backward (``custom_vjp``), from the saved
-log-sum-exp (dS = P * (dP - rowsum(dO * O))): on GPU two Pallas kernels (dk/dv over kv blocks,
-dq over q blocks, same block skipping as the forward); on TPU still an XLA recompute, chunked
-over kv (``BlockSizes.bwd_chunk``) so memory is O(T * chunk) per head — a Mosaic backward is the
-follow-up (docs/kernels.md).
+log-sum-exp (dS = P * (dP - rowsum(dO * O))): two Pallas kernels per backend, dk/dv (grid over kv
+blocks, over the q blocks that see each) and dq (grid over q blocks, over the forward's kv range),
+with the forward's block skipping. ``BlockSizes(pallas_backward=False)`` falls back to an XLA
+recompute chunked over kv (memory O(T * chunk) per head).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from jax import lax
 
 from kernels._util import BIG_LSE, cdiv, fit_block, next_pow2, resolve_backend
-from kernels.flash_attention.kernel import flash_fwd_tpu
+from kernels.flash_attention.kernel import flash_bwd_tpu, flash_fwd_tpu
 from kernels.flash_attention.kernel_gpu import flash_bwd_gpu, flash_fwd_gpu
 
 
@@ -28,13 +28,15 @@ class BlockSizes:
     """Static tiling. ``None`` picks the backend default. Blocks shrink to small problems.
 
     block_q counts folded rows (query tokens x G heads sharing a kv head); block_k counts kv tokens.
-    num_warps / num_stages are GPU (Triton) only. bwd_chunk: kv chunk of the TPU's XLA backward.
+    num_warps / num_stages are GPU (Triton) only. pallas_backward=False selects the XLA backward
+    (a fallback), which scans kv in chunks of bwd_chunk tokens.
     """
 
     block_q: int | None = None
     block_k: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    pallas_backward: bool = True
     bwd_chunk: int = 512
 
     def resolve(self, backend: str, head_dim: int) -> BlockSizes:
@@ -248,6 +250,52 @@ def _backward(q, k, v, segment_ids, o, lse, do, cfg: _Config):
     return dq.astype(q.dtype), unchunk(dk).astype(k.dtype), unchunk(dv).astype(v.dtype)
 
 
+def _transpose_bounds(bounds, nq, nk):
+    """Per kv block, the q block range [q_lo, q_hi) whose kv range includes it: [B, nk, 2]."""
+    blocks = jnp.arange(nk)[None, None, :]
+    needed = (blocks >= bounds[:, :, 0:1]) & (blocks < bounds[:, :, 2:3])  # [B, nq, nk]
+    seen = needed.any(axis=1)
+    q_lo = jnp.where(seen, jnp.argmax(needed, axis=1), 0)
+    q_hi = jnp.where(seen, nq - jnp.argmax(needed[:, ::-1, :], axis=1), 0)
+    return jnp.stack([q_lo, q_hi], axis=-1).astype(jnp.int32)
+
+
+def _backward_tpu(q, k, v, segment_ids, o, lse, do, cfg: _Config):
+    """dq, dk, dv with the Pallas (Mosaic) backward kernels, in the forward's head-major layout."""
+    B, T, Hq, D = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    G, R = Hq // Hkv, T * (Hq // Hkv)
+    bs = cfg.block_sizes.resolve("tpu", D)
+    bq, bk = fit_block(bs.block_q, R, "tpu"), fit_block(bs.block_k, S, "tpu")
+    Rp, Sp = cdiv(R, bq) * bq, cdiv(S, bk) * bk
+    q_seg, kv_seg, bounds = _segments_and_bounds(
+        segment_ids, B, R, Rp, S, Sp, G, bq, bk, cfg.causal
+    )
+    delta = jnp.sum(_fold_q(o, Hkv).astype(jnp.float32) * _fold_q(do, Hkv), axis=-1)
+    dqf, dkf, dvf = flash_bwd_tpu(
+        bounds.reshape(-1),
+        _transpose_bounds(bounds, Rp // bq, Sp // bk).reshape(-1),
+        _pad_axis(_fold_q(q, Hkv), 2, Rp),
+        _pad_axis(k.transpose(0, 2, 1, 3), 2, Sp),
+        _pad_axis(v.transpose(0, 2, 1, 3), 2, Sp),
+        _pad_axis(_fold_q(do.astype(q.dtype), Hkv), 2, Rp),
+        _pad_axis(lse, 2, Rp, BIG_LSE),
+        _pad_axis(delta, 2, Rp),
+        q_seg,
+        kv_seg,
+        sm_scale=cfg.sm_scale,
+        causal=cfg.causal,
+        use_segments=segment_ids is not None,
+        kv_len=S if Sp != S else None,
+        group=G,
+        block_q=bq,
+        block_k=bk,
+        interpret=cfg.interpret,
+    )
+    unfold_kv = lambda x: x[:, :, :S].transpose(0, 2, 1, 3)
+    return _unfold_q(dqf[:, :, :R], T, G), unfold_kv(dkf), unfold_kv(dvf)
+
+
 def _backward_gpu(q, k, v, segment_ids, o, lse, do, cfg: _Config):
     """dq, dk, dv with the Pallas (Triton) backward kernels, in the forward's layouts."""
     B, T, Hq, D = q.shape
@@ -267,12 +315,7 @@ def _backward_gpu(q, k, v, segment_ids, o, lse, do, cfg: _Config):
     q_seg, kv_seg, bounds = _segments_and_bounds(
         segment_ids, B, T * Gp, Tp * Gp, S, Sp, Gp, bq, bk, cfg.causal
     )
-    blocks = jnp.arange(nk)[None, None, :]
-    needed = (blocks >= bounds[:, :, 0:1]) & (blocks < bounds[:, :, 2:3])  # [B, nq, nk]
-    seen = needed.any(axis=1)
-    q_lo = jnp.where(seen, jnp.argmax(needed, axis=1), 0)
-    q_hi = jnp.where(seen, nq - jnp.argmax(needed[:, ::-1, :], axis=1), 0)
-    qbounds = _pad_axis(jnp.stack([q_lo, q_hi], axis=-1).astype(jnp.int32), 2, 4)
+    qbounds = _pad_axis(_transpose_bounds(bounds, nq, nk), 2, 4)
     lse_BTHq = lse.reshape(B, Hkv, T, G).transpose(0, 2, 1, 3).reshape(B, T, Hq)
     delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
     dq5, dk, dv = flash_bwd_gpu(
@@ -311,7 +354,10 @@ def _flash_fwd(q, k, v, segment_ids, cfg):
 
 def _flash_bwd(cfg, residuals, do):
     q, k, v, segment_ids, o, lse = residuals
-    backward = _backward_gpu if cfg.backend == "gpu" else _backward
+    if not cfg.block_sizes.pallas_backward:
+        backward = _backward
+    else:
+        backward = _backward_gpu if cfg.backend == "gpu" else _backward_tpu
     dq, dk, dv = backward(q, k, v, segment_ids, o, lse, do, cfg)
     return dq, dk, dv, None
 
@@ -345,7 +391,7 @@ def flash_attention(
     True (generic interpreter, GPU body on CPU); or ``pltpu.InterpretParams()`` (TPU interpreter,
     TPU body). ``backend`` "tpu" | "gpu" forces a
     body.
-    Differentiable (custom_vjp; Pallas backward on GPU, XLA recompute on TPU: module docstring).
+    Differentiable (custom_vjp with Pallas backward kernels; see the module docstring).
     """
     B, T, Hq, D = q.shape
     if k.ndim != 4 or k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:

@@ -112,3 +112,20 @@ def test_cpu_default_interprets_the_gpu_body():
     q, k, v = _inputs(1, 8, 8, 2, 2, 16, jnp.float32)
     out = kernels.flash_attention(q, k, v)
     assert_close(out, flash_attention_reference(q, k, v), "float32", TOLERANCES)
+
+
+def test_xla_backward_fallback_matches_reference():
+    """BlockSizes(pallas_backward=False): the chunked XLA backward (fallback) is exact too."""
+    q, k, v = _inputs(1, 20, 20, 4, 2, 32, jnp.float32, seed=4)
+    seg = _packed_segments(1, 20, seed=4)
+    bs = BlockSizes(block_q=16, block_k=16, pallas_backward=False, bwd_chunk=8)
+    loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v) ** 2)
+    got = jax.grad(
+        loss(lambda q, k, v: kernels.flash_attention(q, k, v, segment_ids=seg, block_sizes=bs)),
+        argnums=(0, 1, 2),
+    )(q, k, v)
+    want = jax.grad(
+        loss(lambda q, k, v: flash_attention_reference(q, k, v, segment_ids=seg)), argnums=(0, 1, 2)
+    )(q, k, v)
+    for g, r in zip(got, want, strict=True):
+        assert_close(g, r, "float32", GRAD_TOLERANCES)

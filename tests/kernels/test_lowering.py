@@ -1,7 +1,7 @@
-"""Each body lowers for its real target from this CPU machine (jax.export cross-lowering): the GPU
-bodies through Pallas' Triton lowering to Triton IR, the TPU bodies to Mosaic. Nothing runs; this
-catches ops or shapes a lowering rejects, which the interpreters cannot (realistic shapes: bf16,
-D = 128, GQA 4, lengths not multiples of the blocks, default block sizes)."""
+"""Each body (forward and backward) lowers for its real target from this CPU machine (jax.export
+cross-lowering): the GPU bodies through Pallas' Triton lowering to Triton IR, the TPU bodies to
+Mosaic. Nothing runs; this catches ops or shapes a lowering rejects, which the interpreters cannot
+(realistic shapes: bf16, D = 128, GQA 4, lengths not multiples of the blocks, default blocks)."""
 
 import jax
 import jax.numpy as jnp
@@ -41,18 +41,20 @@ def test_flash_attention_lowers(backend, causal, segments):
     _lower(backend, lambda q, k, v, s: flash_ops._forward(q, k, v, s, cfg), q, kv, kv, seg)
 
 
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
 @pytest.mark.parametrize("segments", [False, True])
-def test_flash_attention_gpu_backward_lowers(segments):
+def test_flash_attention_backward_lowers(backend, segments):
     q = jax.ShapeDtypeStruct((B, T, HQ, D), BF16)
     kv = jax.ShapeDtypeStruct((B, T, HKV, D), BF16)
     seg = jax.ShapeDtypeStruct((B, T), jnp.int32) if segments else None
     lse = jax.ShapeDtypeStruct((B, HKV, T * HQ // HKV), jnp.float32)
-    cfg = flash_ops._Config(True, D**-0.5, flash_ops.BlockSizes(), False, "gpu")
+    cfg = flash_ops._Config(True, D**-0.5, flash_ops.BlockSizes(), False, backend)
+    backward = flash_ops._backward_gpu if backend == "gpu" else flash_ops._backward_tpu
 
     def fn(q, k, v, s, o, lse, do):
-        return flash_ops._backward_gpu(q, k, v, s, o, lse, do, cfg)
+        return backward(q, k, v, s, o, lse, do, cfg)
 
-    _lower("gpu", fn, q, kv, kv, seg, q, lse, q)
+    _lower(backend, fn, q, kv, kv, seg, q, lse, q)
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
