@@ -520,5 +520,6 @@ def _bound_shutdown(error: BaseException) -> None:
 
         from jaxrl.distributed import exit_after, failure_message
 
-        print(failure_message(error), file=sys.stderr, flush=True)
+        if not isinstance(error, KeyboardInterrupt):
+            print(failure_message(error), file=sys.stderr, flush=True)
         exit_after(60.0, f"{type(error).__name__}: {error}")
