@@ -144,6 +144,8 @@ class Run:
         # devices from its own prompt shard (jaxrl/distributed.py, docs/scale.md).
         self.multi = maybe_initialize(cfg.dist)
         self.leader = is_leader()
+        if not self.leader:  # process 0 logs the run; the others only warnings and errors
+            log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
         # fails before any work when it does not fit
         self.meshes = process_meshes(cfg.mesh) if self.multi else make_meshes(cfg.mesh)
         self.run_dir = _prepare_run_dir(cfg, resume) if self.leader else cfg.path
