@@ -37,5 +37,8 @@ def config():
     return dataclasses.replace(
         cfg,
         mesh=MeshConfig(trainer=(2, 1), generator=(1, 1), colocated=True),
-        data=dataclasses.replace(cfg.data, task="mp_test"),
+        # the test's expected counts depend on these (16 rollouts a step, 12 eval items)
+        data=dataclasses.replace(cfg.data, task="mp_test", prompts_per_step=4, group_size=4,
+                                 eval_size=4, pass_k=2),
+        pipeline=dataclasses.replace(cfg.pipeline, mode="sync", steps=3, max_oversample_rounds=0),
     )
