@@ -42,7 +42,8 @@ def pass_at_k_metrics(correct_PxN, ks: Sequence[int], prefix: str = "eval") -> d
 
 
 def decode_completions(tokenizer, completions) -> list[str]:
-    return [tokenizer.decode(list(c.tokens)) for c in completions]
+    # errors="replace": a model's padded vocabulary can sample ids the tokenizer does not know
+    return [tokenizer.decode(list(c.tokens), errors="replace") for c in completions]
 
 
 def sample_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, n: int, max_tokens: int,
