@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl.generate.sampling import sample_key, sample_tokens
-from jaxrl.models.transformer import DTYPES, KVCache, Transformer, rope_frequencies
+from jaxrl.models.transformer import KVCache, Transformer
 from jaxrl.sharding import logical_sharding, state_shardings
 
 FINISH_NONE, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
@@ -137,24 +137,6 @@ def default_buckets(max_len: int, smallest: int = 16) -> tuple[int, ...]:
         out.append(b)
         b *= 2
     return tuple(out) + (max_len,)
-
-
-def _hidden_cached(model: Transformer, tokens_BT, cache: KVCache, num_valid_B):
-    """`Transformer.decode` without the vocabulary projection (prefill needs one position only)."""
-    lengths_B = cache.lengths_B
-    t = tokens_BT.shape[1]
-    positions_BT = lengths_B[:, None] + jnp.arange(t)[None, :]
-    inv_freq = rope_frequencies(model.cfg)
-    x_BTE = model.embed[...][tokens_BT].astype(DTYPES[model.cfg.dtype])
-    new_k, new_v = [], []
-    for layer, k_cache, v_cache in zip(model.layers, cache.k, cache.v, strict=True):
-        x_BTE, k_cache, v_cache = layer.decode(
-            x_BTE, positions_BT, k_cache, v_cache, lengths_B, lengths_B + t, inv_freq
-        )
-        new_k.append(k_cache)
-        new_v.append(v_cache)
-    new_cache = KVCache(k=new_k, v=new_v, lengths_B=(lengths_B + num_valid_B).astype(jnp.int32))
-    return model.final_norm(x_BTE), new_cache
 
 
 class JaxEngine:
@@ -372,7 +354,7 @@ class JaxEngine:
         self.trace_counts["prefill"] += 1
         model = nnx.merge(self.graphdef, params.state)
         cache = KVCache.init(self.cfg, 1, tokens_1P.shape[1])
-        hidden_1PE, cache = _hidden_cached(model, tokens_1P, cache, true_length[None])
+        hidden_1PE, cache = model.decode_hidden(tokens_1P, cache, true_length[None])
         last_11E = jax.lax.dynamic_slice_in_dim(hidden_1PE, true_length - 1, 1, axis=1)
         logits_V = model.logits(last_11E)[0, 0]
         return Prefix(cache=cache, logits_V=logits_V, true_length=true_length,

@@ -237,14 +237,16 @@ class Transformer(nnx.Module):
     def __call__(self, tokens_BT, positions_BT=None, segment_ids_BT=None):
         return self.logits(self.hidden(tokens_BT, positions_BT, segment_ids_BT))
 
-    def decode(self, tokens_BT, cache: KVCache, num_valid_B=None):
+    def decode_hidden(self, tokens_BT, cache: KVCache, num_valid_B=None):
         """Append T tokens per row to the cache at each row's current length.
 
-        Returns `(logits_BTV, new_cache)`. Row b's tokens get positions `lengths[b] + t`; only the
-        first `num_valid_B[b]` (default T) count towards the new length — the rest are padding that
+        Returns `(h_BTE, new_cache)` with final-normed hidden states (project the positions you
+        need with `logits`). Row b's tokens get positions `lengths[b] + t`; only the first
+        `num_valid_B[b]` (default T) count towards the new length — the rest are padding that
         later writes overwrite. Used for prompt prefill into a slot and for one-token decode steps.
+        The caller guarantees `lengths + T <= max_len` (writes past the end would be clamped).
         """
-        b, t = tokens_BT.shape
+        t = tokens_BT.shape[1]
         lengths_B = cache.lengths_B
         new_lengths_B = lengths_B + (t if num_valid_B is None else num_valid_B)
         positions_BT = lengths_B[:, None] + jnp.arange(t)[None, :]
@@ -257,5 +259,10 @@ class Transformer(nnx.Module):
             )
             new_k.append(k_cache)
             new_v.append(v_cache)
-        logits = self.logits(self.final_norm(x_BTE))
-        return logits, KVCache(k=new_k, v=new_v, lengths_B=new_lengths_B.astype(jnp.int32))
+        new_cache = KVCache(k=new_k, v=new_v, lengths_B=new_lengths_B.astype(jnp.int32))
+        return self.final_norm(x_BTE), new_cache
+
+    def decode(self, tokens_BT, cache: KVCache, num_valid_B=None):
+        """`decode_hidden` followed by the vocabulary projection: `(logits_BTV, new_cache)`."""
+        h_BTE, cache = self.decode_hidden(tokens_BT, cache, num_valid_B)
+        return self.logits(h_BTE), cache
