@@ -153,7 +153,9 @@ def test_a_dead_process_stops_the_other(tmp_path):
     out = "".join(lines)
     assert code != 0, out[-3000:]
     assert took < bound_s, f"took {took:.0f}s\n{out[-3000:]}"
-    assert "process 1 exited with code -9" in out, out[-3000:]
+    # Which death the watchdog notices first is a race; the final summary lists both.
+    summary = [line for line in out.splitlines() if "[local_cluster] failed: exit codes" in line]
+    assert summary and "1: -9" in summary[-1] and "0: 0" not in summary[-1], out[-3000:]
     # Process 0 stopped by itself, saying why, not killed by local_cluster (SIGTERM/SIGKILL):
     # either its next collective failed (jaxrl's message, exit 1) or the coordination service
     # reported the missed heartbeats (JAX's message, abort) while it waited in a barrier.
