@@ -165,7 +165,10 @@ class GenerateConfig:
     """The generator engine and its sampling settings (group size and lengths live in `data`)."""
 
     num_slots: int = 64  # concurrent samples (decode batch) on the generator mesh
-    max_len: int = 0  # KV-cache length per slot; 0 = longest prompt + data.max_new_tokens, bucketed
+    # KV-cache length per slot. 0 = automatic: 1.5x the longest of 64 held-out prompts + 8, plus
+    # data.max_new_tokens, rounded up to a power of two; a longer prompt is rejected, so set it
+    # explicitly for datasets with long prompts.
+    max_len: int = 0
     chunk_steps: int = 16  # decode steps per host round trip
     temperature: float = 1.0
     top_k: int = 0  # 0 = off

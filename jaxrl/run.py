@@ -171,14 +171,14 @@ class Run:
         from jaxrl.train.trainer import Trainer
 
         cfg = self.cfg
-        params, self.sft_metrics = ({}, {}) if self.resume else (None, None)
+        params, self.sft_metrics = None, {}  # on resume the checkpoint provides the state
         if not self.resume:
             params, self.sft_metrics = _initial_params(cfg, self.meshes, self.tokenizer,
                                                        self.task, self.model_cfg)
         max_prompt = self._max_prompt_len()
         seq_len = max_prompt + cfg.data.max_new_tokens
         self.trainer = Trainer(self.model_cfg, cfg.train, self.meshes.trainer,
-                               params=params or None, max_len=None)
+                               params=params, max_len=None)
         self.ckpt = Checkpointer(self.run_dir / "checkpoints", every=cfg.train.checkpoint_every,
                                  keep=cfg.train.checkpoint_keep)
         self._closers.append(self.ckpt.close)
@@ -201,9 +201,8 @@ class Run:
         # Generator: same model, optionally another dtype, on the generator mesh.
         gen_dtype = cfg.generate.dtype or self.model_cfg.param_dtype
         gen_cfg = dataclasses.replace(self.model_cfg, param_dtype=gen_dtype, dtype=gen_dtype)
-        self.gen_graphdef, _ = nnx.split(abstract_model(gen_cfg))
+        self.gen_graphdef, abstract_gen = nnx.split(abstract_model(gen_cfg))
         gen_mesh = self.meshes.generator
-        _, abstract_gen = nnx.split(abstract_model(gen_cfg))
         targets = _pure_shardings(abstract_gen, gen_mesh)
         from jaxrl.distributed import local_replica
 
