@@ -22,6 +22,7 @@ from jaxrl.train.config import TrainConfig
 DTypeName = Literal["float32", "bfloat16", "float16"]
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
 Architecture = Literal["llama", "qwen2", "qwen3"]
+KVLayout = Literal["contiguous", "paged"]
 
 
 class ConfigError(ValueError):
@@ -174,10 +175,16 @@ class GenerateConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     dtype: DTypeName | None = None  # cast weights to this dtype on sync (None: trainer's dtype)
+    # KV cache: one [slots, max_len] row per slot, or pages of `page_size` positions read through
+    # a page table (paged decode attention; see docs/generate.md)
+    kv_layout: KVLayout = "contiguous"
+    page_size: int = 16  # positions per page (kv_layout="paged"; the GPU kernel needs 2^k >= 16)
 
     def __post_init__(self):
+        _check_choice("generate", "kv_layout", self.kv_layout, typing.get_args(KVLayout))
         validate_literals(self) if self.dtype is not None else None
-        _check_positive("generate", num_slots=self.num_slots, chunk_steps=self.chunk_steps)
+        _check_positive("generate", num_slots=self.num_slots, chunk_steps=self.chunk_steps,
+                        page_size=self.page_size)
         if self.max_len < 0:
             raise ConfigError(f"generate.max_len: must be >= 0 (0 = automatic), got {self.max_len}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
@@ -215,7 +222,9 @@ class PipelineConfig:
     mode: PipelineMode = "periodic"
     steps: int = 40  # RL updates in the run
     max_staleness: int = 2  # k for async / inflight (sync is 0, periodic 1 by construction)
+    # beyond max_staleness: drop the group, or keep it with weight stale_weight ** (excess versions)
     stale_policy: Literal["drop", "downweight"] = "drop"
+    stale_weight: float = 0.5
     max_oversample_rounds: int = 2  # extra prompt draws to replace zero-variance groups
     log_every: int = 1
 
@@ -230,6 +239,14 @@ class PipelineConfig:
         if self.mode in ("async", "inflight") and self.max_staleness < 1:
             raise ConfigError(
                 f"pipeline.max_staleness: mode {self.mode!r} needs >= 1, got {self.max_staleness}"
+            )
+        if not 0.0 < self.stale_weight <= 1.0:
+            raise ConfigError(f"pipeline.stale_weight: must lie in (0, 1], got {self.stale_weight}")
+        if self.mode == "periodic" and self.max_staleness < 1 and self.stale_policy == "drop":
+            raise ConfigError(
+                "pipeline.max_staleness=0 with mode 'periodic' and stale_policy 'drop' would drop "
+                "every batch (periodic data is one version old); use stale_policy='downweight', "
+                "mode='sync', or max_staleness >= 1"
             )
 
 

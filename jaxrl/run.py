@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl.config import ConfigError, RunConfig, to_dict
-from jaxrl.controller.buffer import groups_to_batch, staleness_stats
+from jaxrl.controller.buffer import apply_staleness_bound, groups_to_batch, staleness_stats
 from jaxrl.controller.metrics import MetricsLogger, read_metrics
 from jaxrl.controller.pipeline import Pipeline, Produced
 from jaxrl.controller.rollouts import ProducerConfig, RolloutProducer
@@ -307,10 +307,20 @@ class Run:
             groups = [g for part in parts for g in part[0]]
             self._shared_states = [part[1:] for part in parts]
             produced.num_rollouts = sum(len(g.rollouts) for g in groups)
+        pc = self.cfg.pipeline
+        groups, dropped, downweighted = apply_staleness_bound(
+            groups, step, max_staleness=pc.max_staleness, policy=pc.stale_policy,
+            weight=pc.stale_weight,
+        )
+        if not groups:  # config validation rules this out; say so rather than train on nothing
+            raise RuntimeError(f"step {step}: every group exceeded the staleness bound "
+                               f"{pc.max_staleness} and was dropped")
         batch = groups_to_batch(groups)
         prev = self.trainer.step(batch)
         metrics = dict(produced.extra["metrics"])
         metrics.update(staleness_stats(groups, step))
+        metrics["staleness/dropped_groups"] = float(dropped)
+        metrics["staleness/downweighted_groups"] = float(downweighted)
         metrics.update({
             "pipeline/trainer_chips": float(self.meshes.trainer.size),
             "pipeline/generator_chips": float(self.meshes.generator.size),

@@ -108,18 +108,40 @@ class RolloutBuffer:
         out = []
         with self._cond:
             while self._groups and len(out) < num_groups:
-                group = self._groups.popleft()
-                staleness = trainer_version - group.min_version
-                if self.max_staleness is not None and staleness > self.max_staleness:
-                    if self.stale_policy == "drop":
-                        self.counters.stale_dropped += 1
-                        continue
-                    excess = staleness - self.max_staleness
-                    group.weight = self.stale_weight**excess
-                    self.counters.stale_downweighted += 1
-                out.append(group)
+                kept, dropped, downweighted = apply_staleness_bound(
+                    [self._groups.popleft()], trainer_version, max_staleness=self.max_staleness,
+                    policy=self.stale_policy, weight=self.stale_weight,
+                )
+                self.counters.stale_dropped += dropped
+                self.counters.stale_downweighted += downweighted
+                out.extend(kept)
             self.counters.groups_taken += len(out)
         return out
+
+
+def apply_staleness_bound(
+    groups: list[Group], trainer_version: int, *, max_staleness: int | None,
+    policy: StalePolicy = "drop", weight: float = 0.5,
+) -> tuple[list[Group], int, int]:
+    """(kept groups, number dropped, number down-weighted) under the staleness bound.
+
+    A group's staleness is `trainer_version` minus the version of its OLDEST token. Groups within
+    `max_staleness` (None: no bound) pass unchanged; beyond it, `drop` removes them and
+    `downweight` keeps them with `group.weight = weight ** (staleness - max_staleness)`, which
+    becomes the rows' `Batch.sample_weights` (their loss terms are scaled by it)."""
+    kept, dropped, downweighted = [], 0, 0
+    for group in groups:
+        excess = trainer_version - group.min_version - (
+            max_staleness if max_staleness is not None else 0)
+        if max_staleness is None or excess <= 0:
+            kept.append(group)
+        elif policy == "drop":
+            dropped += 1
+        else:
+            group.weight = weight**excess
+            downweighted += 1
+            kept.append(group)
+    return kept, dropped, downweighted
 
 
 def staleness_stats(groups: list[Group], trainer_version: int) -> dict[str, float]:
@@ -148,6 +170,7 @@ def groups_to_batch(groups: list[Group], *, with_versions: bool = True) -> Batch
     versions = np.zeros((b, length), np.int32)
     rewards = np.zeros((b,), np.float32)
     group_ids = np.zeros((b,), np.int32)
+    weights = np.asarray([groups[gi].weight for gi, _ in rows], np.float32)
     for i, (gi, r) in enumerate(rows):
         p, c = len(r.prompt), len(r.completion)
         if p < 1:
@@ -168,4 +191,5 @@ def groups_to_batch(groups: list[Group], *, with_versions: bool = True) -> Batch
     return make_batch(
         tokens, loss_mask, rewards, group_ids, positions=positions, segment_ids=segment_ids,
         behaviour_logprobs=behaviour, versions=versions if with_versions else None,
+        sample_weights=weights,
     )

@@ -21,6 +21,8 @@ Fields:
   proximal_logprobs   f32 [B, T] | None  pi_old, the trainer's logprobs before this update;
                                           filled by `Trainer.prepare` when a correction needs it
   ref_logprobs  f32 [B, T] | None  reference policy; filled by `Trainer.prepare` when kl_coef > 0
+  sample_weights f32 [B] | None  per-row loss weight in [0, 1] (stale data kept with a
+                                 down-weight, `pipeline.stale_policy="downweight"`); None = all 1
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Batch:
     versions: jax.Array | None = None
     proximal_logprobs: jax.Array | None = None
     ref_logprobs: jax.Array | None = None
+    sample_weights: jax.Array | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -80,6 +83,7 @@ def make_batch(
     versions=None,
     proximal_logprobs=None,
     ref_logprobs=None,
+    sample_weights=None,
 ) -> Batch:
     """Build a host-side `Batch` (numpy), checking shapes, dtypes and the alignment rules.
 
@@ -115,6 +119,8 @@ def make_batch(
     for name, x in opt.items():
         if x is not None:
             fields[name] = _arr(name, x, np.int32 if name == "versions" else np.float32, bt)
+    if sample_weights is not None:
+        fields["sample_weights"] = _arr("sample_weights", sample_weights, np.float32, (b,))
     out = Batch(**fields)
     check_batch(out)
     return out
@@ -134,10 +140,13 @@ def check_batch(batch: Batch) -> None:
     b = mask.shape[0]
     if gid.size and (gid.min() < 0 or gid.max() >= b):
         raise BatchError(f"batch.group_ids must lie in [0, B={b}); got [{gid.min()}, {gid.max()}]")
-    for name in ("rewards", *_OPTIONAL_BT):
+    for name in ("rewards", "sample_weights", *_OPTIONAL_BT):
         x = getattr(batch, name)
         if x is not None and not np.all(np.isfinite(np.asarray(x))):
             raise BatchError(f"batch.{name} holds NaN or Inf")
+    w = batch.sample_weights
+    if w is not None and np.any((np.asarray(w) < 0) | (np.asarray(w) > 1)):
+        raise BatchError(f"batch.sample_weights must lie in [0, 1]; got {np.asarray(w)}")
 
 
 def padded_shape(b: int, t: int, *, row_multiple: int, min_len: int, max_len: int | None = None):

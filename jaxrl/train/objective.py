@@ -2,8 +2,9 @@
 
     adv_B              = advantage(rewards_B + overlong_penalty(|y|), groups)
     (w_BT, mask_BT)    = correction(pi_old, mu, loss_mask)            (w = 1 without correction)
-    l_BT               = sg(w_BT) * policy_loss(logp, pi_old, adv, mask)
-                         + kl_coef * KL_k(pi, pi_ref)
+    l_BT               = s_B * (sg(w_BT) * policy_loss(logp, pi_old, adv, mask)
+                                + kl_coef * KL_k(pi, pi_ref))
+                         (s_B = batch.sample_weights: stale rows kept with a down-weight; else 1)
     loss               = aggregation(l_BT, mask_BT)    (normalised by WHOLE-batch counts)
 
 Batch-global quantities (advantages, the M2PO mask, the normalisers) come from `prepare_targets`
@@ -119,6 +120,8 @@ def policy_objective(
     stats.update({f"policy/{k}": v for k, v in pstats.items()})
     if w_BT is not None:
         pg_BT = pg_BT * jax.lax.stop_gradient(w_BT)
+    row_w_B1 = 1.0 if batch.sample_weights is None else batch.sample_weights[:, None]
+    pg_BT = pg_BT * row_w_B1
     agg = A.AGGREGATIONS.get(cfg.aggregation)
     norm_len = cfg.norm_len or logp_BT.shape[1]
     counts = dict(num_tokens=targets.num_tokens, num_seqs=targets.num_seqs, norm_len=norm_len)
@@ -126,7 +129,7 @@ def policy_objective(
     loss = pg_loss
     stats["loss/policy"] = pg_loss
     if cfg.kl_coef > 0:
-        kl_BT = A.KL_ESTIMATORS.get(cfg.kl_estimator)(logp_BT, batch.ref_logprobs)
+        kl_BT = A.KL_ESTIMATORS.get(cfg.kl_estimator)(logp_BT, batch.ref_logprobs) * row_w_B1
         kl_loss = agg(kl_BT, mask_BT, **counts)
         loss = loss + cfg.kl_coef * kl_loss
         stats["loss/kl"] = kl_loss

@@ -1,7 +1,14 @@
 import numpy as np
 import pytest
 
-from jaxrl.controller.buffer import Group, Rollout, RolloutBuffer, groups_to_batch, staleness_stats
+from jaxrl.controller.buffer import (
+    Group,
+    Rollout,
+    RolloutBuffer,
+    apply_staleness_bound,
+    groups_to_batch,
+    staleness_stats,
+)
 
 
 def _group(rewards, version=0, prompt=(5, 6, 7), index=0):
@@ -62,3 +69,16 @@ def test_groups_to_batch_layout_and_alignment():
     bad.rollouts[0].logprobs = [-1.0]
     with pytest.raises(ValueError, match="2 completion tokens but 1 logprobs"):
         groups_to_batch([bad])
+
+
+def test_apply_staleness_bound_and_batch_weights():
+    groups = [_group([0.0, 1.0], version=v, index=v) for v in (0, 2, 3)]
+    # trainer version 3, bound 1: staleness 3, 1, 0 -> only the first exceeds, by 2 versions
+    kept, dropped, down = apply_staleness_bound(groups, 3, max_staleness=1, policy="drop")
+    assert [g.index for g in kept] == [2, 3] and (dropped, down) == (1, 0)
+    kept, dropped, down = apply_staleness_bound(
+        groups, 3, max_staleness=1, policy="downweight", weight=0.5
+    )
+    assert [g.weight for g in kept] == [0.25, 1.0, 1.0] and (dropped, down) == (0, 1)
+    np.testing.assert_allclose(groups_to_batch(kept).sample_weights, [0.25] * 2 + [1.0] * 4)
+    assert apply_staleness_bound(groups, 9, max_staleness=None)[0] == groups

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -139,3 +140,45 @@ def test_failing_reward_is_counted_not_fatal(tmp_path, monkeypatch):
     assert len(rows) == 2
     assert all(r["reward/test_always_raises/errors"] > 0 for r in rows)
     assert "sandbox/timeouts" in rows[-1]
+
+
+@pytest.mark.slow
+def test_periodic_downweights_data_beyond_the_bound(tmp_path):
+    # periodic data is one version old; a bound of 0 with "downweight" keeps every group at
+    # weight 0.5 ** 1 and counts it (with "drop" the config is rejected: nothing would be left).
+    pipe = dict(mode="periodic", max_staleness=0, stale_policy="downweight", stale_weight=0.5)
+    result = jaxrl.run.run(tiny_run_config(tmp_path, pipeline=pipe), progress=False)
+    rows = read_metrics(result.run_dir)
+    # step 0 is generated from the initial weights, version 0: within the bound
+    assert [r["staleness/downweighted_groups"] > 0 for r in rows] == [False, True, True]
+    assert all(r["staleness/dropped_groups"] == 0 for r in rows)
+    with pytest.raises(ConfigError, match="would drop every batch"):
+        tiny_run_config(tmp_path, pipeline=dict(pipe, stale_policy="drop"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_nan_inside_a_step_stops_or_is_skipped(tmp_path, monkeypatch, policy):
+    import jax.numpy as jnp
+
+    from jaxrl.train.trainer import NonFiniteError, Trainer
+
+    real_prepare, calls = Trainer.prepare, []
+
+    def poisoned(self, batch):  # the second update's rewards turn NaN on the device
+        out = real_prepare(self, batch)
+        calls.append(1)
+        return out.replace(rewards=out.rewards * jnp.nan) if len(calls) == 2 else out
+
+    monkeypatch.setattr(Trainer, "prepare", poisoned)
+    cfg = tiny_run_config(tmp_path, pipeline=dict(steps=4), train=dict(nan_policy=policy))
+    if policy == "stop":
+        with pytest.raises(NonFiniteError, match="non-finite loss or gradient"):
+            jaxrl.run.run(cfg, progress=False)
+        assert not [t for t in threading.enumerate() if t.name == "jaxrl-generator"]
+        rows = read_metrics(tmp_path / "runs" / cfg.name)
+        assert [r["step"] for r in rows] == [0]  # the good step was logged, the bad one not
+        return
+    rows = read_metrics(jaxrl.run.run(cfg, progress=False).run_dir)
+    assert [r["train/nonfinite"] for r in rows] == [0, 1, 0, 0]
+    assert all(np.isfinite(r["loss/total"]) for i, r in enumerate(rows) if i != 1)
