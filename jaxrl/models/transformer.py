@@ -11,6 +11,7 @@ D head dim, F mlp, V vocab, L layers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -98,6 +99,23 @@ class KVCache:
     def max_len(self) -> int:
         return self.k[0].shape[1]
 
+    def write_and_attend(self, layer: int, q_BTHD, k_BTKD, v_BTKD, positions_BT, kv_lengths_B,
+                         impl: str):
+        """Write one layer's new entries at each row's length, then attend to that layer's cache.
+
+        Returns `(out_BTHD, (k_cache, v_cache))`; `with_layers` assembles the new cache. Every
+        cache layout (see `jaxrl.models.paged.PagedKVCache`) offers these two methods.
+        """
+        k_cache = _write_rows(self.k[layer], k_BTKD, self.lengths_B)
+        v_cache = _write_rows(self.v[layer], v_BTKD, self.lengths_B)
+        out_BTHD = cached_attention(q_BTHD, k_cache, v_cache, positions_BT, kv_lengths_B,
+                                    impl=impl)
+        return out_BTHD, (k_cache, v_cache)
+
+    def with_layers(self, layers: list, lengths_B) -> KVCache:
+        """The cache after a step: `layers` holds what `write_and_attend` returned per layer."""
+        return KVCache(k=[k for k, _ in layers], v=[v for _, v in layers], lengths_B=lengths_B)
+
 
 def _write_rows(cache_BSKD, new_BTKD, start_B):
     """Write each row's T new entries at its own offset."""
@@ -149,14 +167,12 @@ class Attention(nnx.Module):
             out_BTE = out_BTE + self.o_bias[...].astype(dt)[None, None]
         return out_BTE
 
-    def decode(self, x_BTE, positions_BT, k_cache, v_cache, lengths_B, new_lengths_B, inv_freq):
+    def decode(self, x_BTE, positions_BT, inv_freq, attend):
+        """`attend(q, k, v) -> (out_BTHD, layer_cache)` writes the new k/v into a cache and
+        attends to it (a bound `write_and_attend` of the cache in use)."""
         q, k, v = self._qkv(x_BTE, positions_BT, inv_freq)
-        k_cache = _write_rows(k_cache, k, lengths_B)
-        v_cache = _write_rows(v_cache, v, lengths_B)
-        out_BTHD = cached_attention(
-            q, k_cache, v_cache, positions_BT, new_lengths_B, impl=self.cfg.attention_impl
-        )
-        return self._out(out_BTHD, x_BTE.dtype), k_cache, v_cache
+        out_BTHD, layer_cache = attend(q, k, v)
+        return self._out(out_BTHD, x_BTE.dtype), layer_cache
 
 
 class MLP(nnx.Module):
@@ -185,13 +201,10 @@ class DecoderLayer(nnx.Module):
         x_BTE = x_BTE + self.attn(self.input_norm(x_BTE), positions_BT, segment_ids_BT, inv_freq)
         return x_BTE + self.mlp(self.post_attn_norm(x_BTE))
 
-    def decode(self, x_BTE, positions_BT, k_cache, v_cache, lengths_B, new_lengths_B, inv_freq):
-        h, k_cache, v_cache = self.attn.decode(
-            self.input_norm(x_BTE), positions_BT, k_cache, v_cache, lengths_B, new_lengths_B,
-            inv_freq,
-        )
+    def decode(self, x_BTE, positions_BT, inv_freq, attend):
+        h, layer_cache = self.attn.decode(self.input_norm(x_BTE), positions_BT, inv_freq, attend)
         x_BTE = x_BTE + h
-        return x_BTE + self.mlp(self.post_attn_norm(x_BTE)), k_cache, v_cache
+        return x_BTE + self.mlp(self.post_attn_norm(x_BTE)), layer_cache
 
 
 class Transformer(nnx.Module):
@@ -245,6 +258,8 @@ class Transformer(nnx.Module):
         `num_valid_B[b]` (default T) count towards the new length — the rest are padding that
         later writes overwrite. Used for prompt prefill into a slot and for one-token decode steps.
         The caller guarantees `lengths + T <= max_len` (writes past the end would be clamped).
+        `cache` is a `KVCache` or a `jaxrl.models.paged.PagedKVCache`: anything with
+        `lengths_B`, `write_and_attend` and `with_layers`.
         """
         t = tokens_BT.shape[1]
         lengths_B = cache.lengths_B
@@ -252,14 +267,13 @@ class Transformer(nnx.Module):
         positions_BT = lengths_B[:, None] + jnp.arange(t)[None, :]
         inv_freq = rope_frequencies(self.cfg)
         x_BTE = self._embed(tokens_BT)
-        new_k, new_v = [], []
-        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v, strict=True):
-            x_BTE, k_cache, v_cache = layer.decode(
-                x_BTE, positions_BT, k_cache, v_cache, lengths_B, lengths_B + t, inv_freq
-            )
-            new_k.append(k_cache)
-            new_v.append(v_cache)
-        new_cache = KVCache(k=new_k, v=new_v, lengths_B=new_lengths_B.astype(jnp.int32))
+        layer_caches = []
+        for i, layer in enumerate(self.layers):
+            attend = functools.partial(cache.write_and_attend, i, positions_BT=positions_BT,
+                                       kv_lengths_B=lengths_B + t, impl=self.cfg.attention_impl)
+            x_BTE, layer_cache = layer.decode(x_BTE, positions_BT, inv_freq, attend)
+            layer_caches.append(layer_cache)
+        new_cache = cache.with_layers(layer_caches, new_lengths_B.astype(jnp.int32))
         return self.final_norm(x_BTE), new_cache
 
     def decode(self, tokens_BT, cache: KVCache, num_valid_B=None):

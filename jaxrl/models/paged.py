@@ -1,0 +1,163 @@
+"""A paged KV cache for the generator: per-layer page pools, a page table per slot, lengths.
+
+Layout (per layer): keys and values live in a pool of `num_pages` pages `[N, page_size, K, D]`.
+Row (slot) b's logical page i — positions `[i * page_size, (i + 1) * page_size)` — is the
+physical page `page_table_BP[b, i]`. Decode attention reads pages through the table
+(`kernels.paged_decode_attention` with `attention_impl="pallas"`); the XLA path gathers a row's
+pages into a contiguous `[B, P * page_size, K, D]` view and runs the model's `cached_attention`.
+
+Allocation is static: slot b owns pages `[b * P, (b + 1) * P)` for good, with
+`P = ceil(max_len / page_size)` pages per slot, so a slot can always grow to `max_len` and nothing
+is allocated or freed while decoding. This is the simplest correct scheme; it saves no memory over
+the contiguous cache (it uses `slots * P * page_size >= slots * max_len` entries). Every read and
+write goes through the page table, so a free-list allocator that hands out fewer pages can later
+replace `static_page_table` without touching attention.
+
+A cache offers `write_and_attend` and `with_layers`, the two methods the model's layer loop
+(`Transformer.decode_hidden`) calls; `insert` writes a prefilled prompt into a slot.
+
+Shape suffixes as in `jaxrl.models.transformer`; N pages, P pages per slot, S positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl.config import ModelConfig
+from jaxrl.models.attention import cached_attention, resolve_impl
+from jaxrl.models.transformer import DTYPES, KVCache
+
+
+def pages_per_slot(max_len: int, page_size: int) -> int:
+    """Pages a slot needs to hold `max_len` positions."""
+    return -(-max_len // page_size)
+
+
+def static_page_table(num_slots: int, pages_per_seq: int):
+    """Slot b owns physical pages `[b * P, (b + 1) * P)`: int32 `[num_slots, P]`."""
+    return jnp.arange(num_slots * pages_per_seq, dtype=jnp.int32).reshape(num_slots, pages_per_seq)
+
+
+def gather_pages(pages_NSKD, page_table_BP):
+    """A contiguous view `[B, P * page_size, K, D]` of each row's pages, in logical order."""
+    b, p = page_table_BP.shape
+    _, page_size, k, d = pages_NSKD.shape
+    return pages_NSKD[page_table_BP].reshape(b, p * page_size, k, d)
+
+
+def write_pages(pages_NSKD, new_BTKD, page_table_BP, positions_BT):
+    """Write row b's T new entries at `positions_BT[b]` into its pages.
+
+    Positions past the row's last page (padding beyond the table) are dropped, never written
+    into another row's page.
+    """
+    n, page_size, k, d = pages_NSKD.shape
+    p = page_table_BP.shape[1]
+    logical_BT = positions_BT // page_size
+    page_BT = jnp.take_along_axis(page_table_BP, jnp.minimum(logical_BT, p - 1), axis=1)
+    flat_BT = jnp.where(logical_BT < p, page_BT * page_size + positions_BT % page_size,
+                        n * page_size)  # out of range: dropped
+    flat_XKD = pages_NSKD.reshape(n * page_size, k, d)
+    flat_XKD = flat_XKD.at[flat_BT.reshape(-1)].set(
+        new_BTKD.reshape(-1, k, d).astype(pages_NSKD.dtype), mode="drop")
+    return flat_XKD.reshape(n, page_size, k, d)
+
+
+def paged_attention(q_BTHD, k_pages, v_pages, page_table_BP, q_positions_BT, kv_lengths_B, *,
+                    impl: str = "xla"):
+    """Queries at `q_positions` attend to each row's first `kv_lengths` entries (causally).
+
+    One query per row with impl "pallas" (or "auto" on TPU/GPU) runs
+    `kernels.paged_decode_attention`, which reads only the pages holding valid tokens (on CPU it
+    runs in Pallas' interpreter, as `cached_attention`'s kernels do). Anything else (XLA / cuDNN
+    settings, or T > 1 queries such as chunked prefill) gathers the pages into a contiguous view
+    and uses the XLA `cached_attention`.
+    """
+    if resolve_impl(impl) == "pallas" and q_BTHD.shape[1] == 1:
+        import kernels
+
+        # The kernel's softmax scale is D**-0.5, as in cached_attention.
+        out_BHD = kernels.paged_decode_attention(
+            q_BTHD[:, 0], k_pages, v_pages, kv_lengths_B, page_table_BP)
+        return out_BHD[:, None]
+    k_BSKD = gather_pages(k_pages, page_table_BP)
+    v_BSKD = gather_pages(v_pages, page_table_BP)
+    return cached_attention(q_BTHD, k_BSKD, v_BSKD, q_positions_BT, kv_lengths_B, impl="xla")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class PagedKVCache:
+    """Per-layer key/value page pools, the page table and the number of valid entries per row."""
+
+    k_pages: list  # L arrays [N, page_size, K, D]
+    v_pages: list
+    page_table_BP: jax.Array  # int32 [B, P]: physical page of each row's logical page
+    lengths_B: jax.Array  # int32 [B]
+
+    # Pages over `dp` like slots: with static allocation slot b's pages sit in slot b's shard.
+    LOGICAL_AXES = ("cache_batch", None, "kv_heads", "head_dim")
+
+    @classmethod
+    def init(cls, cfg: ModelConfig, batch: int, max_len: int, page_size: int,
+             dtype=None) -> PagedKVCache:
+        """Empty cache for `batch` slots of up to `max_len` positions (static allocation)."""
+        if page_size < 1:
+            raise ValueError(f"PagedKVCache: page_size must be >= 1, got {page_size}")
+        dtype = dtype or DTYPES[cfg.dtype]
+        p = pages_per_slot(max_len, page_size)
+        shape = (batch * p, page_size, cfg.num_kv_heads, cfg.head_size)
+        return cls(k_pages=[jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)],
+                   v_pages=[jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)],
+                   page_table_BP=static_page_table(batch, p),
+                   lengths_B=jnp.zeros((batch,), jnp.int32))
+
+    @property
+    def page_size(self) -> int:
+        return self.k_pages[0].shape[1]
+
+    @property
+    def max_len(self) -> int:
+        """Positions a row can hold: pages per row x page size."""
+        return self.page_table_BP.shape[1] * self.page_size
+
+    def write_and_attend(self, layer: int, q_BTHD, k_BTKD, v_BTKD, positions_BT, kv_lengths_B,
+                         impl: str):
+        """Write one layer's new entries at `positions_BT` through the page table, then attend.
+
+        Returns `(out_BTHD, (k_pages, v_pages))` (see `KVCache.write_and_attend`).
+        """
+        k_pages = write_pages(self.k_pages[layer], k_BTKD, self.page_table_BP, positions_BT)
+        v_pages = write_pages(self.v_pages[layer], v_BTKD, self.page_table_BP, positions_BT)
+        out_BTHD = paged_attention(q_BTHD, k_pages, v_pages, self.page_table_BP, positions_BT,
+                                   kv_lengths_B, impl=impl)
+        return out_BTHD, (k_pages, v_pages)
+
+    def with_layers(self, layers: list, lengths_B) -> PagedKVCache:
+        """The cache after a step: `layers` holds what `write_and_attend` returned per layer."""
+        return PagedKVCache(k_pages=[k for k, _ in layers], v_pages=[v for _, v in layers],
+                            page_table_BP=self.page_table_BP, lengths_B=lengths_B)
+
+    def insert(self, slot, prefix: KVCache, length) -> PagedKVCache:
+        """Write a one-row contiguous prefix cache (a prefilled prompt) into `slot`'s pages.
+
+        All of the prefix's positions are written (those past `length` are padding, masked by
+        the row's length and overwritten by later tokens); the row's length becomes `length`.
+        """
+        s = prefix.k[0].shape[1]
+        if s > self.max_len:
+            raise ValueError(f"PagedKVCache.insert: prefix of {s} positions exceeds the "
+                             f"{self.max_len} a slot holds")
+        table_1P = jax.lax.dynamic_slice_in_dim(self.page_table_BP, slot, 1, axis=0)
+        positions_1S = jnp.arange(s, dtype=jnp.int32)[None]
+        write = lambda pages, row: write_pages(pages, row, table_1P, positions_1S)
+        zip_ = lambda a, b: zip(a, b, strict=True)
+        return PagedKVCache(
+            k_pages=[write(pages, row) for pages, row in zip_(self.k_pages, prefix.k)],
+            v_pages=[write(pages, row) for pages, row in zip_(self.v_pages, prefix.v)],
+            page_table_BP=self.page_table_BP,
+            lengths_B=self.lengths_B.at[slot].set(length),
+        )
