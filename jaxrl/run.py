@@ -216,7 +216,9 @@ class Run:
         num_slots = -(-num_slots // dp) * dp
         self.engine = JaxEngine(gen_model, num_slots=num_slots, max_len=max_len, mesh=gen_mesh,
                                 chunk_steps=cfg.generate.chunk_steps,
-                                eos_ids=(self.tokenizer.eos_id,), version=self.start_step)
+                                eos_ids=(self.tokenizer.eos_id,), version=self.start_step,
+                                kv_layout=cfg.generate.kv_layout,
+                                page_size=cfg.generate.page_size)
         self.scheduler = Scheduler(self.engine)
         self.pool, self.scorer = self._rewards()
         self.producer = RolloutProducer(

@@ -11,14 +11,17 @@ reads them once per chunk (the scheduler in `jaxrl.generate.scheduler` does this
 
 Shapes never depend on a request: prompts are padded to a bucket (powers of two up to
 `max_len`), the decode state is fixed, and `set_params` swaps weights of the same structure and
-sharding without recompiling. A paged cache can later replace `KVCache` behind `insert` and the
-model's `cached_attention` without changing this interface.
+sharding without recompiling. `kv_layout="paged"` swaps the decode state's `KVCache` for a
+`jaxrl.models.paged.PagedKVCache` (page pools + page table, paged decode attention) behind the
+same interface: prefill still fills a contiguous one-row prefix, `insert` writes it into the
+slot's pages, and decode steps write and read through the page table.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import typing
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -28,12 +31,15 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl.config import KVLayout
 from jaxrl.generate.sampling import sample_key, sample_tokens
+from jaxrl.models.paged import PagedKVCache
 from jaxrl.models.transformer import KVCache, Transformer
 from jaxrl.sharding import logical_sharding, state_shardings
 
 FINISH_NONE, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
 FINISH_REASONS = {FINISH_STOP: "stop", FINISH_LENGTH: "length"}
+KV_LAYOUTS = typing.get_args(KVLayout)
 
 
 @jax.tree_util.register_dataclass
@@ -75,7 +81,7 @@ class SlotParams:
 class DecodeState:
     """Everything about the slots that lives on device. `B` = num_slots."""
 
-    cache: KVCache
+    cache: KVCache | PagedKVCache
     tokens_B: jax.Array  # int32: last emitted token (next decode input)
     active_B: jax.Array  # bool: still generating
     num_generated_B: jax.Array  # int32
@@ -151,16 +157,25 @@ class JaxEngine:
       prefill_buckets: allowed padded prompt lengths (default: powers of two, then max_len).
       eos_ids: token ids that stop every request.
       max_stop_ids: room for per-request stop ids (EOS ids included).
+      kv_layout: "contiguous" (a `[slots, max_len]` cache row per slot) or "paged" (a
+        `PagedKVCache`: pages of `page_size` positions, static allocation per slot).
+      page_size: positions per page when `kv_layout="paged"`.
     """
 
     def __init__(self, model: Transformer, *, num_slots: int, max_len: int,
                  mesh: Mesh | None = None, chunk_steps: int = 16,
                  prefill_buckets: Sequence[int] | None = None, eos_ids: Sequence[int] = (),
-                 max_stop_ids: int = 8, version: int = 0):
+                 max_stop_ids: int = 8, version: int = 0, kv_layout: str = "contiguous",
+                 page_size: int = 16):
         for name, value in (("num_slots", num_slots), ("max_len", max_len),
-                            ("chunk_steps", chunk_steps), ("max_stop_ids", max_stop_ids)):
+                            ("chunk_steps", chunk_steps), ("max_stop_ids", max_stop_ids),
+                            ("page_size", page_size)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"JaxEngine: {name} must be an integer >= 1, got {value!r}")
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"JaxEngine: invalid kv_layout {kv_layout!r}; valid choices: "
+                             f"{list(KV_LAYOUTS)}")
+        self.kv_layout, self.page_size = kv_layout, page_size
         self.cfg = model.cfg
         self.num_slots, self.max_len, self.chunk_steps = num_slots, max_len, chunk_steps
         self.mesh, self.max_stop_ids = mesh, max_stop_ids
@@ -204,7 +219,8 @@ class JaxEngine:
             raise ValueError("generate.max_len is 0 (automatic): pass max_len= (longest prompt "
                              "+ max new tokens)")
         return cls(model, num_slots=gen_cfg.num_slots, max_len=length, mesh=mesh,
-                   chunk_steps=gen_cfg.chunk_steps, eos_ids=eos_ids, version=version)
+                   chunk_steps=gen_cfg.chunk_steps, eos_ids=eos_ids, version=version,
+                   kv_layout=gen_cfg.kv_layout, page_size=gen_cfg.page_size)
 
     # ------------------------------------------------------------------ host-side helpers
 
@@ -262,16 +278,26 @@ class JaxEngine:
         abstract = jax.eval_shape(self._empty_state)
         slot_axes = lambda x: ("cache_batch",) + (None,) * (x.ndim - 1)
         def shard(path, x):
-            in_cache = any(getattr(p, "name", None) in ("k", "v") for p in path)
-            axes = KVCache.LOGICAL_AXES if in_cache else slot_axes(x)
+            names = {getattr(p, "name", None) for p in path}
+            if names & {"k", "v"}:
+                axes = KVCache.LOGICAL_AXES
+            elif names & {"k_pages", "v_pages"}:
+                axes = PagedKVCache.LOGICAL_AXES
+            else:  # per-slot arrays, the page table included
+                axes = slot_axes(x)
             return logical_sharding(self.mesh, "generator", axes, x.shape)
         return jax.tree_util.tree_map_with_path(shard, abstract)
+
+    def _empty_cache(self) -> KVCache | PagedKVCache:
+        if self.kv_layout == "paged":
+            return PagedKVCache.init(self.cfg, self.num_slots, self.max_len, self.page_size)
+        return KVCache.init(self.cfg, self.num_slots, self.max_len)
 
     def _empty_state(self) -> DecodeState:
         b = self.num_slots
         zeros_i = lambda: jnp.zeros((b,), jnp.int32)
         return DecodeState(
-            cache=KVCache.init(self.cfg, b, self.max_len), tokens_B=zeros_i(),
+            cache=self._empty_cache(), tokens_B=zeros_i(),
             active_B=jnp.zeros((b,), bool), num_generated_B=zeros_i(), max_tokens_B=zeros_i(),
             finish_reason_B=zeros_i(), key_data_B2=jnp.zeros((b, 2), jnp.uint32),
             temperature_B=jnp.ones((b,), jnp.float32), top_k_B=zeros_i(),
@@ -369,11 +395,15 @@ class JaxEngine:
         stopped = jnp.any(token == sp.stop_ids)
         finish = jnp.where(stopped, FINISH_STOP,
                            jnp.where(sp.max_tokens <= 1, FINISH_LENGTH, FINISH_NONE))
-        write = lambda c, p: jax.lax.dynamic_update_slice(c, p.astype(c.dtype), (slot, 0, 0, 0))
-        zip_ = lambda a, b: zip(a, b, strict=True)
-        cache = KVCache(k=[write(c, p) for c, p in zip_(state.cache.k, prefix.cache.k)],
-                        v=[write(c, p) for c, p in zip_(state.cache.v, prefix.cache.v)],
-                        lengths_B=state.cache.lengths_B.at[slot].set(prefix.true_length))
+        if isinstance(state.cache, PagedKVCache):
+            cache = state.cache.insert(slot, prefix.cache, prefix.true_length)
+        else:
+            write = lambda c, p: jax.lax.dynamic_update_slice(c, p.astype(c.dtype),
+                                                              (slot, 0, 0, 0))
+            zip_ = lambda a, b: zip(a, b, strict=True)
+            cache = KVCache(k=[write(c, p) for c, p in zip_(state.cache.k, prefix.cache.k)],
+                            v=[write(c, p) for c, p in zip_(state.cache.v, prefix.cache.v)],
+                            lengths_B=state.cache.lengths_B.at[slot].set(prefix.true_length))
         base = jax.random.key_data(jax.random.fold_in(
             jax.random.wrap_key_data(sp.key_data, impl="threefry2x32"), sp.sample_index))
         return dataclasses.replace(
