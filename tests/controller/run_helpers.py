@@ -25,7 +25,3 @@ def tiny_run_config(tmp_path, name="t", **sections) -> RunConfig:
         cfg = dataclasses.replace(cfg, **{key: dataclasses.replace(getattr(cfg, key), **value)})
     return cfg
 
-
-def contains_x(prompt, completion, **fields):
-    """A reward a randomly initialised model can learn in a few steps (for learning tests)."""
-    return 1.0 if "x" in completion else 0.0

@@ -1,26 +1,30 @@
-"""A short run learns: the full loop (generator, scorer, trainer, weight sync) raises reward."""
+"""The default experiment, shortened, learns its real task: held-out pass@1 on `pysynth` rises.
 
-import dataclasses
+configs/default.py as `python launch/run.py` runs it (SFT warm start from scratch, GRPO in
+`periodic` mode, sandboxed program execution as the reward), with 40 RL steps instead of 50.
+Measured on a 2-core CPU (2026-11-29): pass@1 0.19 -> 0.30 (128 held-out problems, 4 samples
+each at temperature 1; the run is deterministic for its seed on one machine). The bound below
+leaves room for other CPUs' float rounding while still failing a run that does not learn.
+"""
 
-import numpy as np
+from pathlib import Path
+
 import pytest
-from run_helpers import contains_x, tiny_run_config
 
 import jaxrl.run
-from jaxrl.data import tasks
-from jaxrl.rewards.rewards import register_reward
+from jaxrl.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_periodic_run_raises_reward(tmp_path, monkeypatch):
-    register_reward("test_contains_x", isolated=False, overwrite=True)(contains_x)
-    real = tasks.build_task
-    monkeypatch.setattr(tasks, "build_task", lambda cfg: dataclasses.replace(
-        real(cfg), rewards={"test_contains_x": 1.0}, reward_options={}))
-    cfg = tiny_run_config(tmp_path, name="learn", pipeline=dict(mode="periodic", steps=20),
-                          train=dict(lr=5e-3, checkpoint_every=0),
-                          data=dict(prompts_per_step=8, group_size=8, max_new_tokens=8))
-    result = jaxrl.run.run(cfg, progress=False, evaluate=False)
+def test_default_experiment_raises_held_out_pass_at_1(tmp_path):
+    cfg = load_config(str(ROOT / "configs" / "default.py"), [
+        f"--run_dir={tmp_path / 'runs'}", f"--data.sft.cache_dir={tmp_path / 'cache'}",
+        "--pipeline.steps=40", "--train.checkpoint_every=0",
+    ])
+    result = jaxrl.run.run(cfg, progress=False)
+    before, after = result.eval_start["eval/pass@1"], result.eval_end["eval/pass@1"]
+    assert after >= before + 0.06, (before, after)
     produced = [h["reward/produced_mean"] for h in result.history]
-    first, last = np.mean(produced[:3]), np.mean(produced[-3:])
-    assert last > first + 0.2, produced
+    assert sum(produced[-10:]) > sum(produced[:10]), produced
