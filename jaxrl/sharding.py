@@ -15,7 +15,7 @@ from typing import Literal
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from jaxrl.config import ConfigError, MeshConfig
 
@@ -71,6 +71,14 @@ class Meshes:
 def _check_role(role: str) -> None:
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; valid roles: {list(ROLES)}")
+
+
+def mesh_role(mesh: Mesh | AbstractMesh) -> Role | None:
+    """The role whose mesh axes `mesh` (concrete or abstract) has, or None for another mesh."""
+    for role, axes in MESH_AXES.items():
+        if tuple(mesh.axis_names) == axes:
+            return role
+    return None
 
 
 def make_mesh(shape: Sequence[int], role: Role, devices: Sequence[jax.Device]) -> Mesh:
@@ -139,7 +147,7 @@ def make_meshes(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) ->
 
 
 def logical_to_spec(
-    logical_axes: Sequence[str | None], role: Role, mesh: Mesh | None = None,
+    logical_axes: Sequence[str | None], role: Role, mesh: Mesh | AbstractMesh | None = None,
     shape: Sequence[int] | None = None,
 ) -> PartitionSpec:
     """Map logical axis names to a PartitionSpec; replicate dims that do not divide evenly."""

@@ -9,12 +9,21 @@ Two call shapes cover everything the model does:
 
 `impl` is one of `xla | pallas | cudnn | auto`. `auto` resolves to Pallas kernels on TPU/GPU and
 to the XLA reference on CPU. Shapes: q `[B, T, Hq, D]`, k/v `[B, S, Hkv, D]`, Hq % Hkv == 0.
+
+Sharding: a `pallas_call` has no SPMD partitioning rule, so with impl "pallas" under a mesh set
+by `jax.set_mesh` (trainer or generator mesh) the kernels run inside `jax.shard_map`, batch rows
+over the role's `batch` mesh axis and kv heads (with their query heads) over its `kv_heads` axis.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from jaxrl.sharding import logical_to_spec, mesh_role
 
 IMPLS = ("xla", "pallas", "cudnn", "auto")
 _NEG_INF = -1e30
@@ -48,16 +57,81 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, segment_ids_BT=None, impl: str = "xla")
     impl = resolve_impl(impl)
     scale = q_BTHD.shape[-1] ** -0.5
     if impl == "pallas":
-        import kernels
-
-        return kernels.flash_attention(
-            q_BTHD, k_BSKD, v_BSKD, causal=True, segment_ids=segment_ids_BT, sm_scale=scale
-        )
+        return _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale)
     if impl == "cudnn" and segment_ids_BT is None:
         return jax.nn.dot_product_attention(
             q_BTHD, k_BSKD, v_BSKD, is_causal=True, scale=scale, implementation="cudnn"
         )
     return _blocked_causal_attention(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale)
+
+
+def kernel_shard_axes(batch: int, num_kv_heads: int):
+    """`(mesh, batch_axis, heads_axis)` to run a Pallas kernel per shard, or None to call it whole.
+
+    The mesh is the one in context (`jax.set_mesh`; inside `jit`, its abstract mesh). Batch rows go
+    over the role's `batch` mesh axis and kv heads over its `kv_heads` axis, each only when the
+    axis has more than one device, is not already manual (an enclosing `shard_map`) and divides
+    the dimension evenly; otherwise that dimension is replicated. None when nothing is split: no
+    mesh, a 1-device mesh, or a mesh that is neither the trainer's nor the generator's.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    role = None if mesh.empty else mesh_role(mesh)
+    if role is None:
+        return None
+    spec = logical_to_spec(("batch", "kv_heads"), role, mesh, (batch, num_kv_heads))
+    axes = tuple(
+        a if a is not None and mesh.shape[a] > 1 and a not in mesh.manual_axes else None
+        for a in spec
+    )
+    return None if axes == (None, None) else (mesh, *axes)
+
+
+def _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale):
+    """`kernels.flash_attention` (causal), per shard when a mesh splits batch or kv heads.
+
+    Query heads shard with their kv heads: with Hkv divisible by the axis, each shard's query heads
+    [i * Hq / n, (i + 1) * Hq / n) use exactly its kv heads. The kernel's custom_vjp runs per shard
+    too (shard_map transposes to per-shard backward kernels).
+
+    check_vma=False (here and in decode): on jax 0.10.2 Pallas' generic interpreter (CPU) rejects,
+    under vma checks, a dynamic_slice by grid indices of scalar-prefetch operands that vary over a
+    mesh axis (the segment block table, the decode lengths); compiled lowerings never run it. The
+    bodies have no collectives for the check to guard, and without it shard_map's transpose still
+    sums the cotangents of inputs replicated over an axis (a non-dividing batch or head count)."""
+    import kernels
+
+    flash = functools.partial(kernels.flash_attention, causal=True, sm_scale=scale)
+    sharded = kernel_shard_axes(q_BTHD.shape[0], k_BSKD.shape[2])
+    if sharded is None:
+        return flash(q_BTHD, k_BSKD, v_BSKD, segment_ids=segment_ids_BT)
+    mesh, b, h = sharded
+    seq = P(b, None, h, None)
+    if segment_ids_BT is None:
+        args, specs = (q_BTHD, k_BSKD, v_BSKD), (seq, seq, seq)
+    else:
+        args, specs = (q_BTHD, k_BSKD, v_BSKD, segment_ids_BT), (seq, seq, seq, P(b, None))
+    body = lambda q, k, v, seg=None: flash(q, k, v, segment_ids=seg)
+    fn = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=seq, check_vma=False)
+    return fn(*args)
+
+
+def _pallas_decode(q_BHD, k_BSKD, v_BSKD, kv_lengths_B):
+    """`kernels.decode_attention`, per shard when a mesh splits batch (slots) or kv heads."""
+    import kernels
+
+    sharded = kernel_shard_axes(q_BHD.shape[0], k_BSKD.shape[2])
+    if sharded is None:
+        return kernels.decode_attention(q_BHD, k_BSKD, v_BSKD, kv_lengths_B)
+    mesh, b, h = sharded
+    seq = P(b, None, h, None)
+    fn = jax.shard_map(
+        kernels.decode_attention,
+        mesh=mesh,
+        in_specs=(P(b, h, None), seq, seq, P(b)),
+        out_specs=P(b, h, None),
+        check_vma=False,
+    )
+    return fn(q_BHD, k_BSKD, v_BSKD, kv_lengths_B)
 
 
 def query_blocks(t: int, *, min_block: int = 64, max_blocks: int = 16) -> list[tuple[int, int]]:
@@ -97,10 +171,8 @@ def cached_attention(q_BTHD, k_BSKD, v_BSKD, q_positions_BT, kv_lengths_B, *, im
     impl = resolve_impl(impl)
     scale = q_BTHD.shape[-1] ** -0.5
     if impl == "pallas" and q_BTHD.shape[1] == 1:
-        import kernels
-
         # The kernel's softmax scale is D**-0.5, as here; it reads only the valid prefix.
-        return kernels.decode_attention(q_BTHD[:, 0], k_BSKD, v_BSKD, kv_lengths_B)[:, None]
+        return _pallas_decode(q_BTHD[:, 0], k_BSKD, v_BSKD, kv_lengths_B)[:, None]
     s = k_BSKD.shape[1]
     kpos_S = jnp.arange(s)
     mask_BTS = (kpos_S[None, None, :] <= q_positions_BT[:, :, None]) & (
