@@ -141,7 +141,8 @@ def run_sft(model_cfg: ModelConfig, data_cfg: DataConfig, *, mesh: Mesh, tokeniz
         batch = sft_rows(task, next(it), tokenizer, fmt, sft.max_len)
         if batch.tokens.shape not in step_fns:
             step_fns[batch.tokens.shape] = make_sft_step(graphdef, tx, mesh, shardings, batch)
-        state, metrics = step_fns[batch.tokens.shape](state, batch)
+        with jax.set_mesh(mesh):  # as in the train step (Pallas attention per shard)
+            state, metrics = step_fns[batch.tokens.shape](state, batch)
         if pending is not None:  # read the previous step's metrics: no host sync per step
             _record(pending, losses, sft.log_every, on_log, sft.steps)
         pending = (step, metrics)

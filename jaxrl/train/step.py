@@ -149,6 +149,7 @@ def make_train_step(graphdef, cfg: TrainConfig, mesh: Mesh, state_shardings: Tra
                 out_shardings=(state_shardings, rep),
                 donate_argnums=0,
             )
-        return _JITTED[key](state, batch)
+        with jax.set_mesh(mesh):  # the mesh in context: Pallas attention runs per shard on it
+            return _JITTED[key](state, batch)
 
     return step

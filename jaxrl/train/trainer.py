@@ -88,7 +88,8 @@ class Trainer:
     def logprobs(self, params: dict, batch: Batch) -> jax.Array:
         """Per-token logprobs of a (padded, device-placed) batch under `params` (aligned as in
         `jaxrl.train.batch`)."""
-        return self._logprobs(params, batch)
+        with jax.set_mesh(self.mesh):  # as in the train step (Pallas attention per shard)
+            return self._logprobs(params, batch)
 
     def prepare(self, batch: Batch) -> Batch:
         """Check, pad and place a host batch; fill proximal / reference logprobs if needed."""
