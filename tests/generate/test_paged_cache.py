@@ -1,16 +1,20 @@
 """The paged KV cache (`kv_layout="paged"`) against the contiguous one: same tokens and logprobs."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec
 
 from jaxrl.config import ConfigError, GenerateConfig, RunConfig, apply_override
 from jaxrl.generate import JaxEngine, SamplingParams, Scheduler
 from jaxrl.models import KVCache, create_model
 from jaxrl.models.paged import PagedKVCache, paged_attention
+from jaxrl.sharding import make_mesh
 from jaxrl.testing import tiny_model_config
 
 # Lengths straddle page boundaries (page sizes 8 and 16; none a multiple of either).
@@ -40,13 +44,18 @@ def _run(engine):
 
 # (attention_impl, page_size): "pallas" runs kernels.paged_decode_attention (interpreted on CPU;
 # its GPU body needs a power of two >= 16), "xla" gathers pages; 8 gives more page boundaries.
-@pytest.fixture(scope="module", params=[("xla", 8), ("pallas", 16)], ids=["xla", "pallas"])
-def engines(request):
-    impl, page_size = request.param
+@functools.cache
+def _engines(impl: str, page_size: int):
+    """(contiguous, paged) engines of one model, built once per module run."""
     model = create_model(tiny_model_config(attention_impl=impl), seed=3)
     kw = dict(num_slots=3, max_len=MAX_LEN, chunk_steps=4, max_stop_ids=4)
     return (JaxEngine(model, **kw),
             JaxEngine(model, kv_layout="paged", page_size=page_size, **kw))
+
+
+@pytest.fixture(scope="module", params=[("xla", 8), ("pallas", 16)], ids=["xla", "pallas"])
+def engines(request):
+    return _engines(*request.param)
 
 
 def test_paged_generation_equals_contiguous_token_for_token(engines):
@@ -72,6 +81,22 @@ def test_paged_decode_state_layout(engines):
     assert cache.k_pages[0].shape == (3 * p, paged.page_size, cfg.num_kv_heads, cfg.head_size)
     # Static allocation: slot b owns pages [b * p, (b + 1) * p).
     np.testing.assert_array_equal(cache.page_table_BP, np.arange(3 * p).reshape(3, p))
+
+
+def test_paged_on_a_generator_mesh_equals_unsharded_contiguous():
+    """XLA path only: the Pallas paged kernel is not wrapped in shard_map."""
+    contiguous, paged = _engines("xla", 8)
+    mesh = make_mesh((2, 2), "generator", jax.devices()[4:])
+    sharded = JaxEngine(nnx.merge(paged.graphdef, paged.params.state), num_slots=4,
+                        max_len=MAX_LEN, chunk_steps=4, max_stop_ids=4, mesh=mesh,
+                        kv_layout="paged", page_size=paged.page_size)
+    cache = sharded.init_decode_state().cache
+    assert cache.k_pages[0].sharding.spec == PartitionSpec("dp", None, "tp", None)
+    assert cache.page_table_BP.sharding.spec == PartitionSpec("dp", None)
+    want, got = _run(contiguous), _run(sharded)
+    assert [c.tokens for c in got] == [c.tokens for c in want]
+    for x, y in zip(got, want, strict=True):
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas"])
