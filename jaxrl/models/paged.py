@@ -25,9 +25,10 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from jaxrl.config import ModelConfig
-from jaxrl.models.attention import cached_attention, resolve_impl
+from jaxrl.models.attention import cached_attention, kernel_shard_axes, resolve_impl
 from jaxrl.models.transformer import DTYPES, KVCache
 
 
@@ -77,15 +78,45 @@ def paged_attention(q_BTHD, k_pages, v_pages, page_table_BP, q_positions_BT, kv_
     and uses the XLA `cached_attention`.
     """
     if resolve_impl(impl) == "pallas" and q_BTHD.shape[1] == 1:
-        import kernels
-
         # The kernel's softmax scale is D**-0.5, as in cached_attention.
-        out_BHD = kernels.paged_decode_attention(
-            q_BTHD[:, 0], k_pages, v_pages, kv_lengths_B, page_table_BP)
-        return out_BHD[:, None]
+        return _pallas_paged_decode(q_BTHD[:, 0], k_pages, v_pages, kv_lengths_B,
+                                    page_table_BP)[:, None]
     k_BSKD = gather_pages(k_pages, page_table_BP)
     v_BSKD = gather_pages(v_pages, page_table_BP)
     return cached_attention(q_BTHD, k_BSKD, v_BSKD, q_positions_BT, kv_lengths_B, impl="xla")
+
+
+def _pallas_paged_decode(q_BHD, k_pages, v_pages, kv_lengths_B, page_table_BP):
+    """`kernels.paged_decode_attention`, per shard when the mesh in context (`jax.set_mesh`) splits
+    slots or kv heads, as `jaxrl.models.attention` runs the other kernels.
+
+    Per shard, the pool is the shard's slice of pages and the table is made local by subtracting
+    the shard's first page. That needs each row's pages to lie in the row's own shard, which the
+    static allocation guarantees (slot b's pages follow slot b). check_vma=False for the reason
+    given in `attention._pallas_flash` (scalar-prefetch operands under Pallas' CPU interpreter).
+    """
+    import kernels
+
+    sharded = kernel_shard_axes(q_BHD.shape[0], k_pages.shape[2])
+    if sharded is None:
+        return kernels.paged_decode_attention(q_BHD, k_pages, v_pages, kv_lengths_B,
+                                              page_table_BP)
+
+    mesh, b, h = sharded
+
+    def body(q, k, v, lengths, table):
+        if b is not None:  # physical page ids -> this shard's slice of the pool
+            table = table - jax.lax.axis_index(b) * k.shape[0]
+        return kernels.paged_decode_attention(q, k, v, lengths, table)
+
+    pages = PartitionSpec(b, None, h, None)
+    fn = jax.shard_map(
+        body, mesh=mesh,
+        in_specs=(PartitionSpec(b, h, None), pages, pages, PartitionSpec(b),
+                  PartitionSpec(b, None)),
+        out_specs=PartitionSpec(b, h, None), check_vma=False,
+    )
+    return fn(q_BHD, k_pages, v_pages, kv_lengths_B, page_table_BP)
 
 
 @jax.tree_util.register_dataclass

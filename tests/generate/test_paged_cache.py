@@ -83,17 +83,25 @@ def test_paged_decode_state_layout(engines):
     np.testing.assert_array_equal(cache.page_table_BP, np.arange(3 * p).reshape(3, p))
 
 
-def test_paged_on_a_generator_mesh_equals_unsharded_contiguous():
-    """XLA path only: the Pallas paged kernel is not wrapped in shard_map."""
-    contiguous, paged = _engines("xla", 8)
-    mesh = make_mesh((2, 2), "generator", jax.devices()[4:])
+@pytest.mark.parametrize("impl, page_size", [("xla", 8), ("pallas", 16)], ids=["xla", "pallas"])
+def test_paged_on_a_generator_mesh_equals_unsharded(impl, page_size):
+    """Pages over "dp" with their slots, kv heads over "tp"; traced under `jax.set_mesh`, the
+    Pallas kernel runs per shard (`jax.shard_map`) on each shard's slice of the page pool."""
+    contiguous, paged = _engines(impl, page_size)
+    mesh = make_mesh((2, 2), "generator", jax.devices()[4:])  # as make_meshes would: no device 0
     sharded = JaxEngine(nnx.merge(paged.graphdef, paged.params.state), num_slots=4,
                         max_len=MAX_LEN, chunk_steps=4, max_stop_ids=4, mesh=mesh,
-                        kv_layout="paged", page_size=paged.page_size)
-    cache = sharded.init_decode_state().cache
-    assert cache.k_pages[0].sharding.spec == PartitionSpec("dp", None, "tp", None)
-    assert cache.page_table_BP.sharding.spec == PartitionSpec("dp", None)
-    want, got = _run(contiguous), _run(sharded)
+                        kv_layout="paged", page_size=page_size)
+    with jax.set_mesh(mesh):
+        cache = sharded.init_decode_state().cache
+        assert cache.k_pages[0].sharding.spec == PartitionSpec("dp", None, "tp", None)
+        assert cache.page_table_BP.sharding.spec == PartitionSpec("dp", None)
+        q = jnp.zeros((4, 1, paged.cfg.num_heads, paged.cfg.head_size))
+        decode = lambda c: paged_attention(q, c.k_pages[0], c.v_pages[0], c.page_table_BP,
+                                           c.lengths_B[:, None], c.lengths_B + 1, impl=impl)
+        assert ("shard_map" in str(jax.make_jaxpr(decode)(cache))) == (impl == "pallas")
+        got = _run(sharded)
+    want = _run(contiguous)
     assert [c.tokens for c in got] == [c.tokens for c in want]
     for x, y in zip(got, want, strict=True):
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
