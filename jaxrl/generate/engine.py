@@ -19,6 +19,7 @@ slot's pages, and decode steps write and read through the page table.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import typing
@@ -350,19 +351,22 @@ class JaxEngine:
         bucket = self.bucket_for(true_length)
         padded = np.zeros((1, bucket), np.int32)
         padded[0, :true_length] = np.asarray(tokens[:true_length], np.int32)
-        return self._prefill_fn(params, padded, np.int32(true_length))
+        with self._mesh_context():
+            return self._prefill_fn(params, padded, np.int32(true_length))
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int,
                slot_params: SlotParams) -> DecodeState:
         """Put one sample of a prefilled prompt into `slot`, drawing its first token."""
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"insert: slot {slot} outside [0, {self.num_slots})")
-        return self._insert_fn(prefix, decode_state, np.int32(slot), slot_params)
+        with self._mesh_context():
+            return self._insert_fn(prefix, decode_state, np.int32(slot), slot_params)
 
     def generate(self, params: Weights, decode_state: DecodeState
                  ) -> tuple[DecodeState, StepResult]:
         """Advance every active slot by one token."""
-        return self._chunk_fns[1](params, decode_state, np.int32(self.num_slots + 1))
+        with self._mesh_context():
+            return self._chunk_fns[1](params, decode_state, np.int32(self.num_slots + 1))
 
     def generate_chunk(self, params: Weights, decode_state: DecodeState,
                        min_finished: int | None = None) -> tuple[DecodeState, StepResult]:
@@ -372,7 +376,13 @@ class JaxEngine:
         this chunk (the scheduler sets it when requests wait for a free slot).
         """
         target = self.num_slots + 1 if min_finished is None else int(min_finished)
-        return self._chunk_fns[self.chunk_steps](params, decode_state, np.int32(target))
+        with self._mesh_context():
+            return self._chunk_fns[self.chunk_steps](params, decode_state, np.int32(target))
+
+    def _mesh_context(self):
+        """The generator mesh in context while tracing / running, so Pallas attention runs per
+        shard on it (`jaxrl.models.attention.kernel_shard_axes`); nothing without a mesh."""
+        return contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh)
 
     # ------------------------------------------------------------------ jitted bodies
 
