@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +29,53 @@ COLUMNS = (
     ("staleness/max", "stale_max"),
     ("reward/mean", "reward"),
 )
+
+
+class HostCpuSampler:
+    """Samples the whole host's CPU counters (Linux `/proc/stat`) every `period_s` in a thread,
+    so the busy fraction of all cores over any wall-clock window can be read afterwards: it tells
+    whether an overlapped mode is bounded by the machine's cores rather than by the schedule.
+    Elsewhere (no /proc/stat) `busy_fraction` returns NaN."""
+
+    def __init__(self, period_s: float = 0.1):
+        self.samples: list[tuple[float, int, int]] = []  # (epoch s, busy jiffies, all jiffies)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(period_s,), daemon=True,
+                                        name="jaxrl-bench-cpu")
+
+    @staticmethod
+    def _read() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
+        return total - idle, total
+
+    def _loop(self, period_s: float) -> None:
+        while not self._stop.is_set():
+            read = self._read()
+            if read is None:
+                return
+            self.samples.append((time.time(), *read))
+            self._stop.wait(period_s)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def busy_fraction(self, t0: float, t1: float) -> float:
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return float("nan")
+        (_, b0, a0), (_, b1, a1) = inside[0], inside[-1]
+        return (b1 - b0) / max(a1 - a0, 1)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,22 +113,29 @@ def main(argv: list[str]) -> int:
                 f"--pipeline.steps={args.steps}", "--train.checkpoint_every=0",
             ])
             t0 = time.perf_counter()
-            result = run(cfg, progress=False, evaluate=False)
+            with HostCpuSampler() as cpu:
+                result = run(cfg, progress=False, evaluate=False)
             rows = result.history[args.warmup:]
             figures = {label: float(np.mean([r[key] for r in rows if key in r]))
                        for key, label in COLUMNS}
+            # the timed steps span from the end of the last warm-up step to the end of the run
+            start = result.history[args.warmup - 1]["time"] if args.warmup else rows[0]["time"]
+            figures["host_cpu_busy"] = cpu.busy_fraction(start, rows[-1]["time"])
             figures["wall_s"] = time.perf_counter() - t0
             results[mode] = figures
     base = results.get("sync", {}).get("step_s")
     devices = jax.devices()
-    header = f"{'mode':<9}" + "".join(f"{label:>13}" for _, label in COLUMNS) + f"{'vs sync':>9}"
+    header = (f"{'mode':<9}" + "".join(f"{label:>13}" for _, label in COLUMNS)
+              + f"{'host_cpu':>10}{'vs sync':>9}")
     print(f"pipeline benchmark: {args.steps} steps per mode ({args.warmup} warm-up left out), "
           f"{len(devices)} {devices[0].platform} device(s), config {Path(args.config).name}")
     print(header)
     for mode, f in results.items():
         speed = f"{base / f['step_s']:.2f}x" if base else "-"
         print(f"{mode:<9}" + "".join(f"{f[label]:>13.4g}" for _, label in COLUMNS)
-              + f"{speed:>9}")
+              + f"{f['host_cpu_busy']:>10.0%}{speed:>9}")
+    print(f"host_cpu: busy fraction of all {os.cpu_count()} host cores over the timed steps "
+          "(trainer, generator and sandbox workers together, plus anything else on the machine)")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     return 0
