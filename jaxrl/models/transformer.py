@@ -239,12 +239,15 @@ class Transformer(nnx.Module):
                 x_BTE = layer(x_BTE, positions_BT, segment_ids_BT, inv_freq)
         return self.final_norm(x_BTE)
 
+    def head_weight(self, dtype) -> jax.Array:
+        """The lm head as `[E, V]` in `dtype` (the embedding, transposed, when tied)."""
+        if self.cfg.tie_embeddings:
+            return self.embed[...].astype(dtype).T
+        return self.lm_head[...].astype(dtype)
+
     def logits(self, h_BTE):
         """Project hidden states to float32 vocabulary logits."""
-        if self.cfg.tie_embeddings:
-            w_EV = self.embed[...].astype(h_BTE.dtype).T
-        else:
-            w_EV = self.lm_head[...].astype(h_BTE.dtype)
+        w_EV = self.head_weight(h_BTE.dtype)
         return jnp.einsum("bte,ev->btv", h_BTE, w_EV, preferred_element_type=jnp.float32)
 
     def __call__(self, tokens_BT, positions_BT=None, segment_ids_BT=None):

@@ -56,7 +56,8 @@ def test_chunked_gradient_equals_full(model, make_toy):
     def chunked(p):
         m = nnx.merge(graphdef, p)
         h = m.hidden(batch.tokens, batch.positions, batch.segment_ids)
-        lp, _ = logprobs_from_hidden(m.logits, h, batch.tokens, batch.segment_ids, chunk=4)
+        head_EV = m.head_weight(h.dtype)
+        lp, _ = logprobs_from_hidden(head_EV, h, batch.tokens, batch.segment_ids, chunk=4)
         return jnp.sum(lp * w)
 
     def full(p):
