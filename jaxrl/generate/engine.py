@@ -351,7 +351,7 @@ class JaxEngine:
         bucket = self.bucket_for(true_length)
         padded = np.zeros((1, bucket), np.int32)
         padded[0, :true_length] = np.asarray(tokens[:true_length], np.int32)
-        with self._mesh_context():
+        with self.mesh_context(params):
             return self._prefill_fn(params, padded, np.int32(true_length))
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int,
@@ -359,13 +359,13 @@ class JaxEngine:
         """Put one sample of a prefilled prompt into `slot`, drawing its first token."""
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"insert: slot {slot} outside [0, {self.num_slots})")
-        with self._mesh_context():
+        with self.mesh_context(decode_state):
             return self._insert_fn(prefix, decode_state, np.int32(slot), slot_params)
 
     def generate(self, params: Weights, decode_state: DecodeState
                  ) -> tuple[DecodeState, StepResult]:
         """Advance every active slot by one token."""
-        with self._mesh_context():
+        with self.mesh_context(decode_state):
             return self._chunk_fns[1](params, decode_state, np.int32(self.num_slots + 1))
 
     def generate_chunk(self, params: Weights, decode_state: DecodeState,
@@ -376,13 +376,17 @@ class JaxEngine:
         this chunk (the scheduler sets it when requests wait for a free slot).
         """
         target = self.num_slots + 1 if min_finished is None else int(min_finished)
-        with self._mesh_context():
+        with self.mesh_context(decode_state):
             return self._chunk_fns[self.chunk_steps](params, decode_state, np.int32(target))
 
-    def _mesh_context(self):
-        """The generator mesh in context while tracing / running, so Pallas attention runs per
-        shard on it (`jaxrl.models.attention.kernel_shard_axes`); nothing without a mesh."""
-        return contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh)
+    def mesh_context(self, *args):
+        """The generator mesh in context (`jax.set_mesh`) while tracing / running, so Pallas
+        attention runs per shard on it (`jaxrl.models.attention.kernel_shard_axes`). Nothing
+        without a mesh, or when `args` are tracers: inside a caller's `jit` `set_mesh` is not
+        allowed, and the caller's own context applies (wrap such a `jit` call in this)."""
+        if self.mesh is None or any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args)):
+            return contextlib.nullcontext()
+        return jax.set_mesh(self.mesh)
 
     # ------------------------------------------------------------------ jitted bodies
 

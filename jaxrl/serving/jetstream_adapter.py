@@ -197,7 +197,8 @@ class JetStreamEngine(engine_api.Engine):
     def insert(self, prefix: ServedPrefix, decode_state: DecodeState, slot: int
                ) -> DecodeState:
         if prefix.prefix is None:
-            return self._release_fn(decode_state, np.int32(slot))
+            with self.engine.mesh_context(decode_state):
+                return self._release_fn(decode_state, np.int32(slot))
         true_length = int(prefix.prefix.true_length)
         s = self.sampling
         params = self.engine.slot_params(
@@ -210,7 +211,8 @@ class JetStreamEngine(engine_api.Engine):
 
     def generate(self, params: Weights, decode_state: DecodeState
                  ) -> tuple[DecodeState, engine_api.ResultTokens]:
-        decode_state, data = self._generate_fn(params, decode_state)
+        with self.engine.mesh_context(decode_state):  # Pallas per shard inside our jit too
+            decode_state, data = self._generate_fn(params, decode_state)
         result = engine_api.ResultTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2),
                                          length_idx=(2, 3), samples_per_slot=1)
         return decode_state, result
