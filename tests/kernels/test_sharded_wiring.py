@@ -142,3 +142,18 @@ def test_generator_engine_on_a_mesh_pallas_equals_xla():
     np.testing.assert_allclose(
         [c.logprobs for c in got], [c.logprobs for c in want], **TOLERANCES["float32"]
     )
+
+
+def test_engine_calls_inside_a_callers_jit():
+    """`set_mesh` is not allowed inside `jit`: the engine's own mesh context steps aside when it is
+    traced by a caller (as the JetStream adapter does), and the caller's context applies."""
+    from jaxrl.generate.engine import JaxEngine
+
+    mesh = _mesh("generator")
+    model = create_model(tiny_model_config(attention_impl="pallas", **MODEL), seed=0)
+    engine = JaxEngine(model, num_slots=4, max_len=16, chunk_steps=2, mesh=mesh)
+    state = engine.init_decode_state()
+    with engine.mesh_context(state):
+        traced = jax.make_jaxpr(engine.generate)(engine.params, state)
+    assert "shard_map" in str(traced)  # the kernel runs per shard under the caller's context
+    jax.jit(engine.generate)(engine.params, state)  # runs; no set_mesh-inside-jit error
