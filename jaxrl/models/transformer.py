@@ -20,6 +20,7 @@ from flax import nnx
 
 from jaxrl.config import ModelConfig
 from jaxrl.models.attention import attention, cached_attention
+from jaxrl.models.swiglu import swiglu
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -67,10 +68,17 @@ def rope_frequencies(cfg: ModelConfig):
     return jnp.where(in_band, mid, scaled)
 
 
-def apply_rope(x_BTHD, positions_BT, inv_freq):
-    """Rotate pairs (i, i + D/2) by angle position * inv_freq[i] (the HF "rotate_half" layout)."""
-    angles_BTF = positions_BT[..., None].astype(jnp.float32) * inv_freq[None, None, :]
-    cos, sin = jnp.cos(angles_BTF)[:, :, None, :], jnp.sin(angles_BTF)[:, :, None, :]
+def rope_tables(cfg: ModelConfig, positions_BT):
+    """`(cos, sin)`, each `[B, T, 1, D/2]` f32: the rotation of every position, computed once per
+    forward and shared by every layer's q and k."""
+    angles_BTF = positions_BT[..., None].astype(jnp.float32) * rope_frequencies(cfg)[None, None]
+    return jnp.cos(angles_BTF)[:, :, None, :], jnp.sin(angles_BTF)[:, :, None, :]
+
+
+def apply_rope(x_BTHD, rope):
+    """Rotate pairs (i, i + D/2) by angle position * inv_freq[i] (the HF "rotate_half" layout);
+    `rope` = `rope_tables(cfg, positions)`."""
+    cos, sin = rope
     x1, x2 = jnp.split(x_BTHD.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x_BTHD.dtype)
@@ -143,7 +151,7 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs)
 
-    def _qkv(self, x_BTE, positions_BT, inv_freq):
+    def _qkv(self, x_BTE, rope):
         dt = x_BTE.dtype
         q = jnp.einsum("bte,ehd->bthd", x_BTE, self.q_proj[...].astype(dt))
         k = jnp.einsum("bte,ekd->btkd", x_BTE, self.k_proj[...].astype(dt))
@@ -154,10 +162,10 @@ class Attention(nnx.Module):
             v = v + self.v_bias[...].astype(dt)[None, None]
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, positions_BT, inv_freq), apply_rope(k, positions_BT, inv_freq), v
+        return apply_rope(q, rope), apply_rope(k, rope), v
 
-    def __call__(self, x_BTE, positions_BT, segment_ids_BT, inv_freq):
-        q, k, v = self._qkv(x_BTE, positions_BT, inv_freq)
+    def __call__(self, x_BTE, rope, segment_ids_BT):
+        q, k, v = self._qkv(x_BTE, rope)
         out_BTHD = attention(q, k, v, segment_ids_BT=segment_ids_BT, impl=self.cfg.attention_impl)
         return self._out(out_BTHD, x_BTE.dtype)
 
@@ -167,10 +175,10 @@ class Attention(nnx.Module):
             out_BTE = out_BTE + self.o_bias[...].astype(dt)[None, None]
         return out_BTE
 
-    def decode(self, x_BTE, positions_BT, inv_freq, attend):
+    def decode(self, x_BTE, rope, attend):
         """`attend(q, k, v) -> (out_BTHD, layer_cache)` writes the new k/v into a cache and
         attends to it (a bound `write_and_attend` of the cache in use)."""
-        q, k, v = self._qkv(x_BTE, positions_BT, inv_freq)
+        q, k, v = self._qkv(x_BTE, rope)
         out_BTHD, layer_cache = attend(q, k, v)
         return self._out(out_BTHD, x_BTE.dtype), layer_cache
 
@@ -184,9 +192,8 @@ class MLP(nnx.Module):
 
     def __call__(self, x_BTE):
         dt = x_BTE.dtype
-        gate_BTF = x_BTE @ self.gate_proj[...].astype(dt)
-        up_BTF = x_BTE @ self.up_proj[...].astype(dt)
-        return (jax.nn.silu(gate_BTF) * up_BTF) @ self.down_proj[...].astype(dt)
+        w = (self.gate_proj[...], self.up_proj[...], self.down_proj[...])
+        return swiglu(x_BTE, *(p.astype(dt) for p in w))
 
 
 class DecoderLayer(nnx.Module):
@@ -197,12 +204,12 @@ class DecoderLayer(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x_BTE, positions_BT, segment_ids_BT, inv_freq):
-        x_BTE = x_BTE + self.attn(self.input_norm(x_BTE), positions_BT, segment_ids_BT, inv_freq)
+    def __call__(self, x_BTE, rope, segment_ids_BT):
+        x_BTE = x_BTE + self.attn(self.input_norm(x_BTE), rope, segment_ids_BT)
         return x_BTE + self.mlp(self.post_attn_norm(x_BTE))
 
-    def decode(self, x_BTE, positions_BT, inv_freq, attend):
-        h, layer_cache = self.attn.decode(self.input_norm(x_BTE), positions_BT, inv_freq, attend)
+    def decode(self, x_BTE, rope, attend):
+        h, layer_cache = self.attn.decode(self.input_norm(x_BTE), rope, attend)
         x_BTE = x_BTE + h
         return x_BTE + self.mlp(self.post_attn_norm(x_BTE)), layer_cache
 
@@ -228,15 +235,13 @@ class Transformer(nnx.Module):
         """Final-normed hidden states `[B, T, E]` (feed `logits` in chunks to save memory)."""
         if positions_BT is None:
             positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
-        inv_freq = rope_frequencies(self.cfg)
+        rope = rope_tables(self.cfg, positions_BT)
         x_BTE = self._embed(tokens_BT)
         for layer in self.layers:
             if self.cfg.remat:
-                x_BTE = nnx.remat(lambda lyr, x: lyr(x, positions_BT, segment_ids_BT, inv_freq))(
-                    layer, x_BTE
-                )
+                x_BTE = nnx.remat(lambda lyr, x: lyr(x, rope, segment_ids_BT))(layer, x_BTE)
             else:
-                x_BTE = layer(x_BTE, positions_BT, segment_ids_BT, inv_freq)
+                x_BTE = layer(x_BTE, rope, segment_ids_BT)
         return self.final_norm(x_BTE)
 
     def head_weight(self, dtype) -> jax.Array:
@@ -268,13 +273,13 @@ class Transformer(nnx.Module):
         lengths_B = cache.lengths_B
         new_lengths_B = lengths_B + (t if num_valid_B is None else num_valid_B)
         positions_BT = lengths_B[:, None] + jnp.arange(t)[None, :]
-        inv_freq = rope_frequencies(self.cfg)
+        rope = rope_tables(self.cfg, positions_BT)
         x_BTE = self._embed(tokens_BT)
         layer_caches = []
         for i, layer in enumerate(self.layers):
             attend = functools.partial(cache.write_and_attend, i, positions_BT=positions_BT,
                                        kv_lengths_B=lengths_B + t, impl=self.cfg.attention_impl)
-            x_BTE, layer_cache = layer.decode(x_BTE, positions_BT, inv_freq, attend)
+            x_BTE, layer_cache = layer.decode(x_BTE, rope, attend)
             layer_caches.append(layer_cache)
         new_cache = cache.with_layers(layer_caches, new_lengths_B.astype(jnp.int32))
         return self.final_norm(x_BTE), new_cache

@@ -72,6 +72,9 @@ class TrainConfig:
     micro_batches: int = 1  # gradient accumulation inside the step
     remat: str = "none"
     logprob_chunk: int = 128  # tokens per chunk of the lm-head/log-softmax pass
+    # The train step's backward reuses the forward's softmax instead of recomputing the lm head
+    # when one micro-batch's [B, T, V] f32 softmax is at most this many MiB (0 = always recompute).
+    lm_head_keep_mb: int = 1024
     nan_policy: str = "stop"
     # --- checkpoints
     checkpoint_every: int = 0  # 0 = never
@@ -110,6 +113,7 @@ class TrainConfig:
         _check("max_grad_norm", self.max_grad_norm >= 0, self.max_grad_norm, ">= 0")
         _check("micro_batches", self.micro_batches >= 1, self.micro_batches, ">= 1")
         _check("logprob_chunk", self.logprob_chunk >= 1, self.logprob_chunk, ">= 1")
+        _check("lm_head_keep_mb", self.lm_head_keep_mb >= 0, self.lm_head_keep_mb, ">= 0")
         _check("checkpoint_every", self.checkpoint_every >= 0, self.checkpoint_every, ">= 0")
         _check("checkpoint_keep", self.checkpoint_keep >= 1, self.checkpoint_keep, ">= 1")
 

@@ -1,7 +1,8 @@
 """Per-token log-probabilities without materialising [B, T, V] logits at once.
 
 The lm head and log-softmax run over chunks of the sequence (`lax.map` / `lax.scan` over T / chunk
-pieces) inside a custom VJP, so forward AND backward hold at most [B, chunk, V] logits.
+pieces) inside a custom VJP, so forward AND backward compute at most [B, chunk, V] logits at once
+(the backward may keep the forward's softmax when it fits a budget; see `logprobs_from_hidden`).
 
 Alignment (see `jaxrl.train.batch`): the hidden state at position t-1 predicts `tokens[:, t]`;
 the result `logp_BT[:, t] = log pi(tokens[:, t] | tokens[:, :t])` is 0 at t = 0 and wherever
@@ -45,13 +46,13 @@ def _from_chunks(x):  # [N, B, c, ...] -> [B, N c, ...]
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _chunked_logp_entropy(h_BTE, w_EV, tgt_BT, chunk: int):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _chunked_logp_entropy(h_BTE, w_EV, tgt_BT, chunk: int, keep_probs: bool):
     """(log softmax(h w)[tgt], entropy) per position, `chunk` positions of logits at a time."""
-    return _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk)[0]
+    return _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk, keep_probs)[0]
 
 
-def _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk):
+def _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk, keep_probs):
     n = h_BTE.shape[1] // chunk
 
     def one(args):
@@ -61,30 +62,33 @@ def _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk):
         tgt_logit_Bc = jnp.take_along_axis(z_BcV, tgt_Bc[..., None], axis=-1)[..., 0]
         p_BcV = jnp.exp(z_BcV - lse_Bc[..., None])
         ent_Bc = lse_Bc - jnp.sum(p_BcV * z_BcV, axis=-1)
-        return tgt_logit_Bc - lse_Bc, ent_Bc, lse_Bc
+        return tgt_logit_Bc - lse_Bc, ent_Bc, (p_BcV if keep_probs else lse_Bc)
 
-    lp, ent, lse_NBc = jax.lax.map(one, (_to_chunks(h_BTE, n), _to_chunks(tgt_BT, n)))
-    return (_from_chunks(lp), _from_chunks(ent)), (h_BTE, w_EV, tgt_BT, lse_NBc)
+    lp, ent, kept = jax.lax.map(one, (_to_chunks(h_BTE, n), _to_chunks(tgt_BT, n)))
+    return (_from_chunks(lp), _from_chunks(ent)), (h_BTE, w_EV, tgt_BT, kept)
 
 
-def _chunked_bwd(chunk, residuals, cotangents):
-    """d logp / d logits = onehot(tgt) - softmax: recompute each chunk's logits (never stored)
-    and accumulate dW over chunks in f32. The entropy output carries no gradient."""
-    h_BTE, w_EV, tgt_BT, lse_NBc = residuals
+def _chunked_bwd(chunk, keep_probs, residuals, cotangents):
+    """d logp / d logits = onehot(tgt) - softmax, with the softmax kept from the forward or
+    recomputed from each chunk's logits and log-normaliser; dW accumulates over chunks in f32.
+    The entropy output carries no gradient."""
+    h_BTE, w_EV, tgt_BT, kept_N = residuals
     g_BT = cotangents[0]
     n = h_BTE.shape[1] // chunk
 
     def one(dw_EV, args):
-        h_BcE, tgt_Bc, lse_Bc, g_Bc = args
-        z_BcV = _head_logits(h_BcE, w_EV)
-        onehot_BcV = jnp.arange(z_BcV.shape[-1])[None, None, :] == tgt_Bc[..., None]
-        dz_BcV = g_Bc[..., None] * (onehot_BcV - jnp.exp(z_BcV - lse_Bc[..., None]))
-        dz_BcV = dz_BcV.astype(h_BcE.dtype)
+        h_BcE, tgt_Bc, kept, g_Bc = args
+        if keep_probs:
+            p_BcV = kept
+        else:
+            p_BcV = jnp.exp(_head_logits(h_BcE, w_EV) - kept[..., None])
+        onehot_BcV = jnp.arange(p_BcV.shape[-1])[None, None, :] == tgt_Bc[..., None]
+        dz_BcV = (g_Bc[..., None] * (onehot_BcV - p_BcV)).astype(h_BcE.dtype)
         dh_BcE = jnp.einsum("bcv,ev->bce", dz_BcV, w_EV, preferred_element_type=jnp.float32)
         dw_EV = dw_EV + jnp.einsum("bce,bcv->ev", h_BcE, dz_BcV, preferred_element_type=jnp.float32)
         return dw_EV, dh_BcE.astype(h_BcE.dtype)
 
-    xs = (_to_chunks(h_BTE, n), _to_chunks(tgt_BT, n), lse_NBc, _to_chunks(g_BT, n))
+    xs = (_to_chunks(h_BTE, n), _to_chunks(tgt_BT, n), kept_N, _to_chunks(g_BT, n))
     dw_EV, dh_NBcE = jax.lax.scan(one, jnp.zeros(w_EV.shape, jnp.float32), xs)
     return _from_chunks(dh_NBcE), dw_EV.astype(w_EV.dtype), None
 
@@ -92,22 +96,28 @@ def _chunked_bwd(chunk, residuals, cotangents):
 _chunked_logp_entropy.defvjp(_chunked_fwd, _chunked_bwd)
 
 
-def logprobs_from_hidden(w_EV, h_BTE, tokens_BT, segment_ids_BT, *, chunk: int):
+def logprobs_from_hidden(w_EV, h_BTE, tokens_BT, segment_ids_BT, *, chunk: int,
+                         keep_probs_mb: float = 0.0):
     """(logp_BT, entropy_BT) of `tokens` under logits = `h_BTE @ w_EV` (the lm head, see
     `Transformer.head_weight`); entropy has no gradient.
 
     `entropy_BT[:, t]` is the entropy of the distribution that predicted token t (same alignment).
-    The lm head runs `chunk` positions at a time inside a custom VJP: the forward keeps only the
-    log-normaliser per position; the backward recomputes each chunk's logits once. So no
-    [B, T, V] logits exist at once, and the entropy (a statistic) is not replayed in the backward
+    The lm head runs `chunk` positions at a time inside a custom VJP, so the forward never holds
+    more than [B, chunk, V] logits, and the entropy (a statistic) is not replayed in the backward
     pass, as it was under `jax.checkpoint` (measured on CPU: lm head + loss forward and backward
     1.53 s vs 1.72-1.91 s per 4 x 512 tokens, vocabulary 32000).
+
+    For the backward the forward keeps either the softmax itself, when its [B, T, V] f32 takes at
+    most `keep_probs_mb` MiB (saves the backward one lm-head matmul: the 40M benchmark model's
+    training step 14.6 -> 13.4 s on CPU), or else only the log-normaliser per position, and the
+    backward recomputes each chunk's logits.
     """
     b, t, _ = h_BTE.shape
     c = chunk_size(t, chunk)
+    keep_probs = b * t * w_EV.shape[-1] * 4 <= keep_probs_mb * 2**20
     # target of position t is token t+1; the last position has none (masked below).
     tgt_BT = jnp.concatenate([tokens_BT[:, 1:], jnp.zeros_like(tokens_BT[:, :1])], axis=1)
-    lp_next_BT, ent_next_BT = _chunked_logp_entropy(h_BTE, w_EV, tgt_BT, c)
+    lp_next_BT, ent_next_BT = _chunked_logp_entropy(h_BTE, w_EV, tgt_BT, c, keep_probs)
     ent_next_BT = jax.lax.stop_gradient(ent_next_BT)
     # shift right: the prediction made at t-1 belongs to token t.
     zero_B1 = jnp.zeros((b, 1), jnp.float32)
@@ -118,8 +128,10 @@ def logprobs_from_hidden(w_EV, h_BTE, tokens_BT, segment_ids_BT, *, chunk: int):
     return jnp.where(scored_BT, logp_BT, 0.0), jnp.where(scored_BT, ent_BT, 0.0)
 
 
-def model_logprobs(model, batch: Batch, *, chunk: int, remat: str = "none"):
-    """(logp_BT, entropy_BT) of `batch.tokens` under an NNX `Transformer` (traceable)."""
+def model_logprobs(model, batch: Batch, *, chunk: int, remat: str = "none",
+                   keep_probs_mb: float = 0.0):
+    """(logp_BT, entropy_BT) of `batch.tokens` under an NNX `Transformer` (traceable); see
+    `logprobs_from_hidden` for `chunk` and `keep_probs_mb`."""
 
     def hidden(m, tokens, positions, segment_ids):
         return m.hidden(tokens, positions, segment_ids)
@@ -128,7 +140,8 @@ def model_logprobs(model, batch: Batch, *, chunk: int, remat: str = "none"):
         hidden = nnx.remat(hidden, policy=REMAT_POLICIES[remat])
     h_BTE = hidden(model, batch.tokens, batch.positions, batch.segment_ids)
     w_EV = model.head_weight(h_BTE.dtype)
-    return logprobs_from_hidden(w_EV, h_BTE, batch.tokens, batch.segment_ids, chunk=chunk)
+    return logprobs_from_hidden(w_EV, h_BTE, batch.tokens, batch.segment_ids, chunk=chunk,
+                                keep_probs_mb=keep_probs_mb)
 
 
 def _logprobs(params, batch: Batch, *, graphdef, chunk: int):

@@ -37,7 +37,8 @@ from jaxrl.train.state import TrainState, learning_rate_schedule
 
 def _micro_loss(params, mb: Batch, tg: Targets, *, graphdef, cfg: TrainConfig):
     model = nnx.merge(graphdef, params)
-    logp_BT, ent_BT = model_logprobs(model, mb, chunk=cfg.logprob_chunk, remat=cfg.remat)
+    logp_BT, ent_BT = model_logprobs(model, mb, chunk=cfg.logprob_chunk, remat=cfg.remat,
+                                     keep_probs_mb=cfg.lm_head_keep_mb)
     return policy_objective(cfg, logp_BT, ent_BT, mb, tg)
 
 

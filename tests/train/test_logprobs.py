@@ -48,7 +48,10 @@ def test_alignment_by_hand(model, make_toy):
     assert float(logp[b, t]) == pytest.approx(want, rel=1e-5)
 
 
-def test_chunked_gradient_equals_full(model, make_toy):
+@pytest.mark.parametrize("keep_probs_mb", [0, 1], ids=["recompute", "keep_softmax"])
+def test_chunked_gradient_equals_full(model, make_toy, keep_probs_mb):
+    # [B, T, V] f32 of the toy batch is well under 1 MiB: keep_probs_mb=1 takes the kept-softmax
+    # backward, 0 the recomputing one; both must equal autodiff of the full-logits reference.
     batch = jax.tree.map(jnp.asarray, make_toy(seed=3, t=16))
     graphdef, params = nnx.split(model)
     w = jnp.asarray(np.random.default_rng(0).normal(size=batch.tokens.shape), jnp.float32)
@@ -57,7 +60,8 @@ def test_chunked_gradient_equals_full(model, make_toy):
         m = nnx.merge(graphdef, p)
         h = m.hidden(batch.tokens, batch.positions, batch.segment_ids)
         head_EV = m.head_weight(h.dtype)
-        lp, _ = logprobs_from_hidden(head_EV, h, batch.tokens, batch.segment_ids, chunk=4)
+        lp, _ = logprobs_from_hidden(head_EV, h, batch.tokens, batch.segment_ids, chunk=4,
+                                     keep_probs_mb=keep_probs_mb)
         return jnp.sum(lp * w)
 
     def full(p):
