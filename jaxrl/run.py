@@ -27,7 +27,7 @@ from jaxrl.controller.pipeline import Pipeline, Produced
 from jaxrl.controller.rollouts import ProducerConfig, RolloutProducer
 from jaxrl.controller.trace import TraceWriter
 from jaxrl.controller.weight_sync import WeightSync
-from jaxrl.sharding import make_meshes
+from jaxrl.sharding import make_meshes, pure_state_shardings
 
 log = logging.getLogger("jaxrl")
 
@@ -203,7 +203,7 @@ class Run:
         gen_cfg = dataclasses.replace(self.model_cfg, param_dtype=gen_dtype, dtype=gen_dtype)
         self.gen_graphdef, abstract_gen = nnx.split(abstract_model(gen_cfg))
         gen_mesh = self.meshes.generator
-        targets = _pure_shardings(abstract_gen, gen_mesh)
+        targets = pure_state_shardings(abstract_gen, gen_mesh, "generator")
         from jaxrl.distributed import local_replica
 
         self.sync = WeightSync(targets, dtype=gen_dtype,
@@ -483,20 +483,6 @@ def _combine_evals(parts: list[tuple[int, dict]]) -> dict:
             out[key] = float(sum(v for _, v in vals))
         else:
             out[key] = float(sum(n * v for n, v in vals) / max(total, 1))
-    return out
-
-
-def _pure_shardings(abstract_state, mesh):
-    from jaxrl.sharding import state_shardings
-
-    shardings = state_shardings(abstract_state, mesh, "generator")
-    flat = dict(shardings.flat_state())
-    out: dict = {}
-    for path, sharding in flat.items():
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = sharding
     return out
 
 

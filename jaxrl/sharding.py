@@ -193,3 +193,15 @@ def state_shardings(state: nnx.State, mesh: Mesh, role: Role):
         is_leaf=lambda x: isinstance(x, nnx.Variable),
     )
 
+
+def pure_state_shardings(state: nnx.State, mesh: Mesh, role: Role) -> dict:
+    """`state_shardings` as a nested plain dict (the layout of `nnx.State.to_pure_dict()`): the
+    target tree for moving pure parameter dicts, e.g. `WeightSync`."""
+    out: dict = {}
+    for path, sharding in state_shardings(state, mesh, role).flat_state():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = sharding
+    return out
+

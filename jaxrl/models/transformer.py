@@ -231,11 +231,16 @@ class Transformer(nnx.Module):
     def _embed(self, tokens_BT):
         return self.embed[...][tokens_BT].astype(DTYPES[self.cfg.dtype])
 
-    def hidden(self, tokens_BT, positions_BT=None, segment_ids_BT=None):
-        """Final-normed hidden states `[B, T, E]` (feed `logits` in chunks to save memory)."""
+    def hidden(self, tokens_BT, positions_BT=None, segment_ids_BT=None, rope=None):
+        """Final-normed hidden states `[B, T, E]` (feed `logits` in chunks to save memory).
+
+        `rope`: `rope_tables(cfg, positions_BT)` computed by the caller, e.g. once outside a loop
+        over micro-batches (inside the loop body, XLA's CPU backend fuses cos/sin into every
+        rotation and re-evaluates them per head); by default computed here."""
         if positions_BT is None:
             positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
-        rope = rope_tables(self.cfg, positions_BT)
+        if rope is None:
+            rope = rope_tables(self.cfg, positions_BT)
         x_BTE = self._embed(tokens_BT)
         for layer in self.layers:
             if self.cfg.remat:

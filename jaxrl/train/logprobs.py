@@ -129,16 +129,16 @@ def logprobs_from_hidden(w_EV, h_BTE, tokens_BT, segment_ids_BT, *, chunk: int,
 
 
 def model_logprobs(model, batch: Batch, *, chunk: int, remat: str = "none",
-                   keep_probs_mb: float = 0.0):
+                   keep_probs_mb: float = 0.0, rope=None):
     """(logp_BT, entropy_BT) of `batch.tokens` under an NNX `Transformer` (traceable); see
-    `logprobs_from_hidden` for `chunk` and `keep_probs_mb`."""
+    `logprobs_from_hidden` for `chunk` and `keep_probs_mb`, `Transformer.hidden` for `rope`."""
 
-    def hidden(m, tokens, positions, segment_ids):
-        return m.hidden(tokens, positions, segment_ids)
+    def hidden(m, tokens, positions, segment_ids, rope):
+        return m.hidden(tokens, positions, segment_ids, rope=rope)
 
     if remat in REMAT_POLICIES:
         hidden = nnx.remat(hidden, policy=REMAT_POLICIES[remat])
-    h_BTE = hidden(model, batch.tokens, batch.positions, batch.segment_ids)
+    h_BTE = hidden(model, batch.tokens, batch.positions, batch.segment_ids, rope)
     w_EV = model.head_weight(h_BTE.dtype)
     return logprobs_from_hidden(w_EV, h_BTE, batch.tokens, batch.segment_ids, chunk=chunk,
                                 keep_probs_mb=keep_probs_mb)

@@ -21,6 +21,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl.models.transformer import rope_tables
 from jaxrl.sharding import logical_sharding
 from jaxrl.train.batch import Batch
 from jaxrl.train.config import TrainConfig
@@ -35,10 +36,10 @@ from jaxrl.train.objective import (
 from jaxrl.train.state import TrainState, learning_rate_schedule
 
 
-def _micro_loss(params, mb: Batch, tg: Targets, *, graphdef, cfg: TrainConfig):
+def _micro_loss(params, mb: Batch, tg: Targets, rope=None, *, graphdef, cfg: TrainConfig):
     model = nnx.merge(graphdef, params)
     logp_BT, ent_BT = model_logprobs(model, mb, chunk=cfg.logprob_chunk, remat=cfg.remat,
-                                     keep_probs_mb=cfg.lm_head_keep_mb)
+                                     keep_probs_mb=cfg.lm_head_keep_mb, rope=rope)
     return policy_objective(cfg, logp_BT, ent_BT, mb, tg)
 
 
@@ -56,15 +57,17 @@ def _grads_and_stats(params, batch: Batch, tg: Targets, *, graphdef, cfg: TrainC
         (_, stats), grads = grad_fn(params, batch, tg)
         return grads, stats
     per_row = dataclasses.replace(tg, num_tokens=None, num_seqs=None)
-    mbs = jax.tree.map(lambda x: _split_micro(x, m), (batch, per_row))
+    # rotary tables for the whole batch, outside the loop (see `Transformer.hidden`)
+    rope = rope_tables(nnx.merge(graphdef, params).cfg, batch.positions)
+    mbs = jax.tree.map(lambda x: _split_micro(x, m), (batch, per_row, rope))
     tok_M = jnp.sum(mbs[1].mask_BT > 0, axis=(1, 2)).astype(jnp.float32)
     frac_M = tok_M / jnp.maximum(tg.num_tokens, 1.0)
 
     def body(carry, xs):
         g_acc, s_acc = carry
-        mb, mtg, frac = xs
+        mb, mtg, mrope, frac = xs
         mtg = dataclasses.replace(mtg, num_tokens=tg.num_tokens, num_seqs=tg.num_seqs)
-        (_, stats), g = grad_fn(params, mb, mtg)
+        (_, stats), g = grad_fn(params, mb, mtg, mrope)
         g_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
         return (g_acc, combine_stats(s_acc, stats, frac)), None
 
@@ -78,7 +81,7 @@ def _grads_and_stats(params, batch: Batch, tg: Targets, *, graphdef, cfg: TrainC
     )
     s0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), stats_shape)
     g0 = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    (grads, stats), _ = jax.lax.scan(body, (g0, s0), (mbs[0], mbs[1], frac_M))
+    (grads, stats), _ = jax.lax.scan(body, (g0, s0), (*mbs, frac_M))
     return grads, stats
 
 
