@@ -23,6 +23,12 @@ MICRO_CFG = TrainConfig(aggregation="seq_mean_token_mean", correction="tis_token
 @pytest.fixture(scope="module")
 def grads_setup(model_cfg, mesh, make_toy):
     batch = make_toy(seed=0, b=8, behaviour=True)
+    # every row's positions restart at a different point (RoPE only sees relative positions, so
+    # a per-row shift would not do): the step computes the rotary tables for the whole batch and
+    # splits them with the rows, and this catches them misaligned (checked by reversing them)
+    t = np.arange(batch.tokens.shape[1])[None, :]
+    cut = 3 + np.arange(batch.tokens.shape[0])[:, None]
+    batch = dataclasses.replace(batch, positions=np.where(t < cut, t, t - cut).astype(np.int32))
     graphdef, _ = model_graphdef(model_cfg, MICRO_CFG)
     params = init_train_state(model_cfg, MICRO_CFG, mesh).params
     batch = jax.device_put(batch, batch_shardings(batch, mesh))
