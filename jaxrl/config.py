@@ -143,11 +143,18 @@ class MeshConfig:
     `trainer` is (fsdp, tp) and `generator` is (dp, tp). `None` means automatic: half of the
     devices each (all of them for both roles when there is only one device, i.e. colocated).
     With `colocated=True` both roles use the same devices, time-shared.
+
+    `cpu_cores` matters only on a CPU backend with separate roles. "shared": both roles'
+    simulated devices on XLA's one CPU thread pool. "separate": the generator gets a thread pool
+    of its own pinned to its share of the host cores (the trainer keeps all of them). "split":
+    disjoint cores per role. "auto": "separate" where available (Linux), else "shared". See
+    jaxrl/cpu.py.
     """
 
     trainer: tuple[int, ...] | None = None
     generator: tuple[int, ...] | None = None
     colocated: bool = False
+    cpu_cores: Literal["auto", "shared", "separate", "split"] = "auto"
 
     def __post_init__(self):
         for name in ("trainer", "generator"):
@@ -159,6 +166,7 @@ class MeshConfig:
                 raise ConfigError(
                     f"mesh.{name}: expected two positive sizes {axes}, e.g. 4x1; got {shape!r}"
                 )
+        validate_literals(self)
 
 
 @dataclasses.dataclass(frozen=True)

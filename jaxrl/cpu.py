@@ -1,6 +1,36 @@
-"""CPU-only machines: how many simulated devices to split the host into."""
+"""CPU-only machines: simulated devices, and a thread pool of its own for each role.
 
+XLA's CPU client runs the programs of all its (simulated) devices on one shared intra-op thread
+pool. On a CPU host, "separate devices" therefore still queue on the same threads: a decode step
+of the generator waits behind the trainer's tasks whenever the two overlap, which two
+accelerators would not do. `mesh.cpu_cores` chooses what the roles get:
+
+- "shared": both roles on the default client's one pool (XLA's default behaviour).
+- "separate": the generator gets a CPU client of its own whose threads run only on its share of
+  the host cores; the trainer's (default) client keeps every core, so it also uses the
+  generator's share while the generator idles, and the OS scheduler, not one task queue,
+  arbitrates when both compute.
+- "split": as "separate", and the trainer's threads are pinned to the remaining cores: disjoint
+  compute per role, the closest a CPU host gets to two devices.
+- "auto": "separate" where it is available (Linux, two or more cores), else "shared".
+
+Arrays move between the two clients with `jax.device_put` like between any two devices.
+"""
+
+from __future__ import annotations
+
+import logging
 import os
+import threading
+import warnings
+
+CPU_CORES = ("auto", "shared", "separate", "split")
+
+_CLIENTS: dict[tuple[int, frozenset[int]], object] = {}  # generator clients, reused
+_CLIENT_THREADS: set[int] = set()  # native threads our generator clients created
+_DEFAULT_MASK: dict[str, list[int]] = {}  # the default client's cores before `split` pinned them
+_LOCK = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 def simulated_device_flags(count: int | None = None) -> str:
@@ -10,3 +40,142 @@ def simulated_device_flags(count: int | None = None) -> str:
     """
     count = count or int(os.environ.get("JAXRL_CPU_DEVICES", "2"))
     return f"--xla_force_host_platform_device_count={count}"
+
+
+def _host_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def separate_pools_unavailable() -> str | None:
+    """Why `separate`/`split` cannot work in this process, or None when they can."""
+    if not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"):
+        return "pinning threads to cores needs Linux (os.sched_setaffinity, /proc/self/task)"
+    if len(_host_cores()) < 2:
+        return f"this process may use only {len(_host_cores())} host core"
+    try:
+        from jax._src.lib import xla_client
+
+        xla_client.make_cpu_client  # noqa: B018
+    except (ImportError, AttributeError):
+        return "this jaxlib does not expose xla_client.make_cpu_client"
+    return None
+
+
+def resolve_cpu_cores(mode: str) -> str:
+    """`mode` with "auto" resolved; a clear error when the mode cannot work here."""
+    if mode not in CPU_CORES:
+        raise ValueError(
+            f"mesh.cpu_cores: invalid value {mode!r}; valid choices: {list(CPU_CORES)}"
+        )
+    why = separate_pools_unavailable() if mode != "shared" else None
+    if mode == "auto":
+        return "shared" if why else "separate"
+    if why:
+        raise ValueError(f"mesh.cpu_cores={mode!r} is not available: {why}; use 'shared'")
+    return mode
+
+
+def split_cores(num_trainer: int, num_generator: int,
+                cores: list[int] | None = None) -> tuple[list[int], list[int]]:
+    """Divide `cores` (default: those this process may use) between the roles in proportion to
+    their device counts, at least one each."""
+    cores = _host_cores() if cores is None else sorted(cores)
+    if len(cores) < 2:
+        raise ValueError(f"need at least 2 cores to split between the roles, got {cores}")
+    n = round(len(cores) * num_trainer / (num_trainer + num_generator))
+    n = min(max(n, 1), len(cores) - 1)
+    return cores[:n], cores[n:]
+
+
+def role_devices(mode: str, num_trainer: int, num_generator: int) -> tuple[str, list | None]:
+    """Apply `mode` (a `mesh.cpu_cores` value, see the module docstring) for `num_trainer` and
+    `num_generator` devices: returns the mode used ("auto" resolved) and the generator's
+    devices, or None for "shared" (the caller takes them from the default client). Pins, or
+    unpins, the default client's threads to match. Raises ValueError when an explicitly
+    requested mode cannot work here; "auto" falls back to "shared" (with a warning if the
+    generator's client failed to start)."""
+    used = resolve_cpu_cores(mode)
+    if used == "shared":
+        _unpin_default_client()
+        return used, None
+    trainer_cores, generator_cores = split_cores(num_trainer, num_generator)
+    try:
+        devices = _generator_client_devices(num_generator, generator_cores)
+    except Exception as e:  # a jaxlib whose CPU client cannot be made this way
+        if mode != "auto":
+            raise ValueError(f"mesh.cpu_cores={mode!r}: could not start the generator's CPU "
+                             f"client ({type(e).__name__}: {e}); use 'shared'") from e
+        warnings.warn(f"mesh.cpu_cores='auto': using 'shared', the generator's own CPU client "
+                      f"did not start ({type(e).__name__}: {e})", stacklevel=2)
+        _unpin_default_client()
+        return "shared", None
+    if used == "split":
+        _pin_default_client(trainer_cores)
+    else:
+        _unpin_default_client()
+    log.info("mesh.cpu_cores=%s: the generator's CPU client runs on cores %s, the trainer's on %s",
+             used, generator_cores, trainer_cores if used == "split" else _host_cores())
+    return used, devices
+
+
+def _generator_client_devices(num_devices: int, cores: list[int]) -> list:
+    """`num_devices` devices on a CPU client of their own whose threads run only on `cores`.
+    Created once per (count, cores) and reused."""
+    from jax._src.lib import xla_client
+
+    key = (num_devices, frozenset(cores))
+    with _LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            before = set(_thread_ids())
+            mine = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, set(cores))  # the client's threads inherit this mask
+            try:
+                client = xla_client.make_cpu_client(asynchronous=True, num_devices=num_devices)
+            finally:
+                os.sched_setaffinity(0, mine)
+            _CLIENTS[key] = client
+            _CLIENT_THREADS.update(set(_thread_ids()) - before)
+    return list(client.devices())
+
+
+def _pin_default_client(cores: list[int]) -> None:
+    import jax
+
+    jax.devices()  # the default client (and its pool) must exist before we pin it
+    with _LOCK:
+        _DEFAULT_MASK.setdefault("cores", _host_cores())
+        _set_default_client_affinity(cores)
+
+
+def _unpin_default_client() -> None:
+    with _LOCK:
+        if "cores" in _DEFAULT_MASK:
+            _set_default_client_affinity(_DEFAULT_MASK.pop("cores"))
+
+
+def _set_default_client_affinity(cores: list[int]) -> None:
+    """Pin every native (non-Python) thread that is not a generator client's: XLA's default
+    client's pool and workers. Python threads run the controller and stay free."""
+    python = {t.native_id for t in threading.enumerate()}
+    generator_masks = {frozenset(c) for _, c in _CLIENTS}
+    for tid in _thread_ids():
+        if tid in python or tid in _CLIENT_THREADS:
+            continue
+        try:
+            if frozenset(os.sched_getaffinity(tid)) in generator_masks:
+                continue  # started later by a generator client's thread (inherited its mask)
+            os.sched_setaffinity(tid, set(cores))
+        except OSError:  # the thread ended meanwhile
+            pass
+
+
+def _thread_ids() -> dict[int, str]:
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                out[int(tid)] = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            pass
+    return out

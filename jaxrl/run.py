@@ -319,6 +319,9 @@ class Run:
                                f"{pc.max_staleness} and was dropped")
         batch = groups_to_batch(groups)
         prev = self.trainer.step(batch)
+        # wait for the update here, so that the trace's train_step span (and not the weight
+        # sync that follows and would wait for it anyway) holds the trainer's compute
+        jax.block_until_ready(self.trainer.state.params)
         metrics = dict(produced.extra["metrics"])
         metrics.update(staleness_stats(groups, step))
         metrics["staleness/dropped_groups"] = float(dropped)

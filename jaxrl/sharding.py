@@ -125,6 +125,10 @@ def make_meshes(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) ->
             f"mesh does not fit: {n} device(s) available, trainer {trainer} + generator {generator}"
         )
     if cfg.colocated or n == 1:
+        if devices[0].platform == "cpu":
+            from jaxrl import cpu
+
+            cpu.role_devices("shared", nt, ng)  # undo an earlier run's pinning
         if max(nt, ng) > n:
             raise ConfigError(
                 f"mesh does not fit: {n} device(s) available, colocated trainer {trainer} "
@@ -140,9 +144,18 @@ def make_meshes(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) ->
             f"(trainer {trainer} = {nt}, generator {generator} = {ng}); "
             f"shrink the meshes or set --mesh.colocated=true"
         )
+    generator_devices = devices[nt : nt + ng]
+    if devices[0].platform == "cpu":
+        from jaxrl import cpu
+
+        try:
+            _, own = cpu.role_devices(cfg.cpu_cores, nt, ng)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        generator_devices = own or generator_devices
     return Meshes(
         trainer=make_mesh(trainer, "trainer", devices[:nt]),
-        generator=make_mesh(generator, "generator", devices[nt : nt + ng]),
+        generator=make_mesh(generator, "generator", generator_devices),
     )
 
 

@@ -3,7 +3,13 @@
 Each mode runs the same experiment (default: configs/default.py, SFT warm start from its cache)
 for a fixed number of steps with evaluation off. Steps after `--warmup` are averaged: wall-clock
 per step, trainer idle fraction, produced vs consumed rollouts/s, weight-sync GB/s. The peer is
-`sync` in the same run; each mode's speedup is its step time relative to sync's.
+`sync` in the same run; each mode's speedup is its step time relative to sync's with the same
+`mesh.cpu_cores`, and (last column) relative to the fastest sync of the run.
+
+On a CPU host `--cpu-cores` lists the `mesh.cpu_cores` settings to run every mode under
+(jaxrl/cpu.py): by default "shared" (one XLA thread pool for both roles) and "separate" (the
+generator on its own pinned pool), so the overlap is shown both with and without the roles
+queueing on the same threads.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from jaxrl.cpu import CPU_CORES
 
 MODES = ("sync", "periodic", "async", "inflight")
 COLUMNS = (
@@ -85,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2, help="first steps left out (compilation)")
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--cpu-cores", default="shared,separate",
+                   help="mesh.cpu_cores settings to run the modes under, on a CPU backend "
+                        f"(comma-separated; valid: {', '.join(CPU_CORES)})")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     return p
 
@@ -97,45 +108,58 @@ def main(argv: list[str]) -> int:
         os.environ["XLA_FLAGS"] = simulated_device_flags()
     import jax
 
-    from jaxrl.config import load_config
-    from jaxrl.run import run
-
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise SystemExit(f"unknown modes {bad}; valid: {list(MODES)}")
+    settings = [c for c in args.cpu_cores.split(",") if c]
+    bad = [c for c in settings if c not in CPU_CORES]
+    if bad or not settings:
+        raise SystemExit(f"unknown --cpu-cores {bad or args.cpu_cores!r}; valid: {list(CPU_CORES)}")
+    devices = jax.devices()
+    if devices[0].platform != "cpu":
+        settings = settings[:1]  # the setting only matters on a CPU backend
     results = {}
     with tempfile.TemporaryDirectory(prefix="jaxrl-bench-") as tmp:
-        for mode in modes:
-            cfg = load_config(args.config, [
-                *overrides, f"--name=bench-{mode}", f"--run_dir={tmp}",
-                f"--pipeline.mode={mode}", "--pipeline.max_staleness=2",
-                f"--pipeline.steps={args.steps}", "--train.checkpoint_every=0",
-            ])
-            t0 = time.perf_counter()
-            with HostCpuSampler() as cpu:
-                result = run(cfg, progress=False, evaluate=False)
-            rows = result.history[args.warmup:]
-            figures = {label: float(np.mean([r[key] for r in rows if key in r]))
-                       for key, label in COLUMNS}
-            # the timed steps span from the end of the last warm-up step to the end of the run
-            start = result.history[args.warmup - 1]["time"] if args.warmup else rows[0]["time"]
-            figures["host_cpu_busy"] = cpu.busy_fraction(start, rows[-1]["time"])
-            figures["wall_s"] = time.perf_counter() - t0
-            results[mode] = figures
-    base = results.get("sync", {}).get("step_s")
-    devices = jax.devices()
-    header = (f"{'mode':<9}" + "".join(f"{label:>13}" for _, label in COLUMNS)
-              + f"{'host_cpu':>10}{'vs sync':>9}")
+        for cores in settings:
+            for mode in modes:
+                results[cores, mode] = _run_mode(args, overrides, tmp, mode, cores)
     print(f"pipeline benchmark: {args.steps} steps per mode ({args.warmup} warm-up left out), "
           f"{len(devices)} {devices[0].platform} device(s), config {Path(args.config).name}")
-    print(header)
-    for mode, f in results.items():
+    print(f"{'cpu_cores':<10}{'mode':<9}" + "".join(f"{label:>13}" for _, label in COLUMNS)
+          + f"{'host_cpu':>10}{'vs sync':>9}{'vs best sync':>14}")
+    syncs = [f["step_s"] for (_, m), f in results.items() if m == "sync"]
+    best = min(syncs) if syncs else None
+    for (cores, mode), f in results.items():
+        base = results.get((cores, "sync"), {}).get("step_s")
         speed = f"{base / f['step_s']:.2f}x" if base else "-"
-        print(f"{mode:<9}" + "".join(f"{f[label]:>13.4g}" for _, label in COLUMNS)
-              + f"{f['host_cpu_busy']:>10.0%}{speed:>9}")
+        vs_best = f"{best / f['step_s']:.2f}x" if best else "-"
+        print(f"{cores:<10}{mode:<9}" + "".join(f"{f[label]:>13.4g}" for _, label in COLUMNS)
+              + f"{f['host_cpu_busy']:>10.0%}{speed:>9}{vs_best:>14}")
     print(f"host_cpu: busy fraction of all {os.cpu_count()} host cores over the timed steps "
           "(trainer, generator and sandbox workers together, plus anything else on the machine)")
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        Path(args.out).write_text(json.dumps(
+            {f"{cores}/{mode}": f for (cores, mode), f in results.items()}, indent=1))
     return 0
+
+
+def _run_mode(args, overrides: list[str], tmp: str, mode: str, cores: str) -> dict:
+    from jaxrl.config import load_config
+    from jaxrl.run import run
+
+    cfg = load_config(args.config, [
+        *overrides, f"--name=bench-{cores}-{mode}", f"--run_dir={tmp}",
+        f"--pipeline.mode={mode}", "--pipeline.max_staleness=2", f"--mesh.cpu_cores={cores}",
+        f"--pipeline.steps={args.steps}", "--train.checkpoint_every=0",
+    ])
+    t0 = time.perf_counter()
+    with HostCpuSampler() as cpu:
+        result = run(cfg, progress=False, evaluate=False)
+    rows = result.history[args.warmup:]
+    figures = {label: float(np.mean([r[key] for r in rows if key in r])) for key, label in COLUMNS}
+    # the timed steps span from the end of the last warm-up step to the end of the run
+    start = result.history[args.warmup - 1]["time"] if args.warmup else rows[0]["time"]
+    figures["host_cpu_busy"] = cpu.busy_fraction(start, rows[-1]["time"])
+    figures["wall_s"] = time.perf_counter() - t0
+    return figures

@@ -65,7 +65,9 @@ def main(argv: list[str]) -> int:
         from jaxrl.testing import tiny_model_config
 
         model_cfg = tiny_model_config()
-    meshes = make_meshes(MeshConfig(trainer=args.trainer, generator=args.generator))
+    # one client's devices: resharding between devices, not between CPU clients (jaxrl/cpu.py)
+    meshes = make_meshes(MeshConfig(trainer=args.trainer, generator=args.generator,
+                                    cpu_cores="shared"))
     params = nnx.split(create_model(model_cfg, mesh=meshes.trainer))[1].to_pure_dict()
     gen_cfg = dataclasses.replace(model_cfg, param_dtype=args.dtype, dtype=args.dtype)
     targets = pure_state_shardings(nnx.split(abstract_model(gen_cfg))[1], meshes.generator,

@@ -1,0 +1,157 @@
+"""`mesh.cpu_cores`: a thread pool of its own for the generator on a CPU host (jaxrl/cpu.py).
+
+What is checked against the operating system: which cores each client's threads may run on
+(`/proc/self/task`, `os.sched_getaffinity`), and that arrays placed and computed on the
+generator's client give the same values as numpy and as the default client.
+"""
+
+import os
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxrl import cpu
+from jaxrl.config import ConfigError, MeshConfig
+from jaxrl.sharding import make_meshes
+
+needs_pools = pytest.mark.skipif(
+    cpu.separate_pools_unavailable() is not None,
+    reason=f"separate CPU pools unavailable here: {cpu.separate_pools_unavailable()}",
+)
+
+
+def _native_threads() -> set[int]:
+    python = {t.native_id for t in threading.enumerate()}
+    return {int(t) for t in os.listdir("/proc/self/task")} - python
+
+
+def _default_pool() -> set[int]:
+    """The default client's intra-op pool: XLA names its threads `tf_XLAEigen`."""
+    out = set()
+    for t in _native_threads() - cpu._CLIENT_THREADS:
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                if f.read().strip() == "tf_XLAEigen":
+                    out.add(t)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _restore_shared():
+    yield
+    make_meshes(MeshConfig(cpu_cores="shared"))  # leave no pinning behind for other tests
+
+
+def test_split_cores_is_proportional_and_leaves_each_role_one():
+    assert cpu.split_cores(1, 1, [0, 1]) == ([0], [1])
+    assert cpu.split_cores(4, 4, [3, 5, 6, 7]) == ([3, 5], [6, 7])
+    assert cpu.split_cores(6, 2, list(range(8))) == ([0, 1, 2, 3, 4, 5], [6, 7])
+    assert cpu.split_cores(7, 1, [0, 1]) == ([0], [1])  # never an empty share
+    assert cpu.split_cores(1, 7, [0, 1]) == ([0], [1])
+    with pytest.raises(ValueError, match="at least 2 cores"):
+        cpu.split_cores(1, 1, [0])
+
+
+def test_bad_value_names_the_valid_ones():
+    with pytest.raises(ConfigError, match="cpu_cores.*'sharred'.*'shared'"):
+        MeshConfig(cpu_cores="sharred")
+    with pytest.raises(ValueError, match="valid choices"):
+        cpu.resolve_cpu_cores("split-ish")
+    assert cpu.resolve_cpu_cores("shared") == "shared"
+
+
+@needs_pools
+def test_auto_resolves_to_separate_where_available():
+    assert cpu.resolve_cpu_cores("auto") == "separate"
+
+
+@needs_pools
+def test_separate_gives_the_generator_its_own_pinned_client():
+    meshes = make_meshes(MeshConfig(cpu_cores="separate"))
+    trainer, generator = list(meshes.trainer.devices.flat), list(meshes.generator.devices.flat)
+    assert trainer == jax.devices()[:4]
+    assert len(generator) == 4 and all(d.platform == "cpu" for d in generator)
+    assert generator[0].client is not jax.devices()[0].client
+    assert not (set(trainer) & set(generator)) and not meshes.colocated
+    _, generator_cores = cpu.split_cores(4, 4)
+    assert cpu._CLIENT_THREADS, "the generator's client started no threads of its own"
+    alive = cpu._CLIENT_THREADS & _native_threads()
+    assert alive and all(os.sched_getaffinity(t) == set(generator_cores) for t in alive)
+    # the trainer's (default) client keeps every core
+    full = os.sched_getaffinity(0)
+    assert _default_pool() and all(os.sched_getaffinity(t) == full for t in _default_pool())
+
+
+@needs_pools
+def test_split_pins_the_trainer_and_shared_unpins_it():
+    full = os.sched_getaffinity(0)
+    trainer_cores, _ = cpu.split_cores(4, 4)
+    make_meshes(MeshConfig(cpu_cores="split"))
+    pool = _default_pool()
+    assert pool and all(os.sched_getaffinity(t) == set(trainer_cores) for t in pool)
+    assert os.sched_getaffinity(0) == full  # the controller's own thread stays free
+    meshes = make_meshes(MeshConfig(cpu_cores="shared"))
+    assert all(os.sched_getaffinity(t) == full for t in _default_pool())
+    assert list(meshes.generator.devices.flat) == jax.devices()[4:]
+
+
+@needs_pools
+def test_arrays_move_and_compute_across_the_two_clients():
+    meshes = make_meshes(MeshConfig(trainer=(2, 2), generator=(1, 4), cpu_cores="separate"))
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    on_trainer = jax.device_put(x, NamedSharding(meshes.trainer, P("fsdp", "tp")))
+    target = NamedSharding(meshes.generator, P(None, "tp"))
+    on_generator = jax.device_put(on_trainer, target)
+    assert on_generator.sharding == target
+    np.testing.assert_array_equal(np.asarray(on_generator), x)
+    f = jax.jit(lambda a: jnp.tanh(a) @ a.T)
+    expected = np.tanh(x) @ x.T
+    np.testing.assert_allclose(np.asarray(f(on_generator)), expected, rtol=1e-5, atol=1e-5)
+    # the same program on the same layout gives the same bits on either client
+    rep_t = jax.device_put(x, NamedSharding(meshes.trainer, P()))
+    rep_g = jax.device_put(x, NamedSharding(meshes.generator, P()))
+    np.testing.assert_array_equal(np.asarray(f(rep_g)), np.asarray(f(rep_t)))
+    back = jax.device_put(f(on_generator), NamedSharding(meshes.trainer, P()))
+    assert back.sharding.mesh.devices.flat[0].client is jax.devices()[0].client
+
+
+def test_colocated_and_shared_use_the_default_client():
+    for cfg in (MeshConfig(colocated=True), MeshConfig(cpu_cores="shared")):
+        meshes = make_meshes(cfg)
+        assert {d.client for d in meshes.generator.devices.flat} == {jax.devices()[0].client}
+
+
+def _cpu_seconds(tids) -> float:
+    total = 0
+    for t in tids:
+        try:
+            with open(f"/proc/self/task/{t}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+@needs_pools
+def test_generator_work_runs_on_the_generator_clients_threads():
+    meshes = make_meshes(MeshConfig(cpu_cores="separate"))
+    x = jax.device_put(np.ones((768, 768), np.float32), NamedSharding(meshes.generator, P()))
+    f = jax.jit(lambda a: jnp.tanh(a @ a) @ a)
+    f(x).block_until_ready()
+    _, generator_cores = cpu.split_cores(4, 4)
+    ours = {t for t in _native_threads()
+            if t in cpu._CLIENT_THREADS or os.sched_getaffinity(t) == set(generator_cores)}
+    theirs = _default_pool()
+    g0, d0 = _cpu_seconds(ours), _cpu_seconds(theirs)
+    for _ in range(20):
+        f(x).block_until_ready()
+    g, d = _cpu_seconds(ours) - g0, _cpu_seconds(theirs) - d0
+    assert g > 0.2 and d < 0.25 * g, (g, d)
