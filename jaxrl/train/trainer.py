@@ -33,6 +33,10 @@ from jaxrl.train.state import (
 )
 from jaxrl.train.step import batch_shardings, make_train_step
 
+# The shortest padded batch length; longer ones follow `padded_shape`'s buckets (16, 24, 32, 48,
+# ...). The lm-head chunk need not divide it: `logprobs.chunk_size` takes a divisor.
+MIN_PADDED_LEN = 16
+
 
 class NonFiniteError(FloatingPointError):
     pass
@@ -80,7 +84,7 @@ class Trainer:
             b,
             t,
             row_multiple=self.row_multiple,
-            min_len=self.cfg.logprob_chunk,
+            min_len=min(self.cfg.logprob_chunk, MIN_PADDED_LEN),
             max_len=self.max_len,
         )
         return pad_batch(batch, rows, length)

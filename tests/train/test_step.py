@@ -176,3 +176,25 @@ def test_remat_does_not_change_gradients(grads_setup, model_cfg, remat):
         return _grads_and_stats(params, batch, tg, graphdef=graphdef, cfg=cfg)
 
     _assert_same(jitted[1], jax.device_get(jax.jit(f)(params, batch)), rtol=1e-5, atol=1e-7)
+
+
+def test_padded_lengths_follow_the_buckets_and_padding_changes_nothing(model_cfg, mesh,
+                                                                       train_cfg, make_toy):
+    from jaxrl.train.batch import pad_batch, padded_shape
+
+    lengths = [padded_shape(3, t, row_multiple=4, min_len=16)
+               for t in (1, 16, 17, 24, 25, 33, 44, 49, 65, 97, 129, 200)]
+    assert [r for r, _ in lengths] == [4] * 12
+    assert [n for _, n in lengths] == [16, 16, 24, 24, 32, 48, 48, 64, 96, 128, 192, 256]
+    assert padded_shape(8, 100, row_multiple=1, min_len=16, max_len=112) == (8, 112)
+    with pytest.raises(BatchError, match="exceeds"):
+        padded_shape(8, 120, row_multiple=1, min_len=16, max_len=112)
+    # a [8, 20] batch: the trainer pads it to 24; padded to 64 instead, its logprobs agree
+    tr = Trainer(model_cfg, train_cfg, mesh)
+    batch = make_toy(seed=3, t=20)
+    short, long = tr.pad(batch), pad_batch(batch, 8, 64)
+    assert short.shape == (8, 24)
+    lp = [np.asarray(tr.logprobs(tr.state.params, jax.device_put(b, batch_shardings(b, mesh))))
+          for b in (short, long)]
+    real = np.asarray(batch.segment_ids) > 0
+    np.testing.assert_allclose(lp[0][:, :20][real], lp[1][:, :20][real], rtol=1e-5, atol=1e-5)
