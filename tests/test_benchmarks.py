@@ -31,3 +31,33 @@ def test_reshard_benchmark_runs_on_the_tiny_model(capsys):
     assert out["trainer_mesh"] == {"fsdp": 2, "tp": 1}
     assert out["generator_mesh"] == {"dp": 1, "tp": 2}
     assert out["weight_sync_gbps"] > 0 and out["speedup_vs_host"] > 0
+
+
+def test_pipeline_benchmark_compares_modes_under_each_cpu_setting(tmp_path, capsys):
+    from jaxrl import cpu
+
+    config = Path(__file__).parent / "controller" / "tiny_config.py"
+    settings = "shared" if cpu.separate_pools_unavailable() else "shared,separate"
+    out = tmp_path / "pipe.json"
+    rc = bench.main(["pipeline", "--config", str(config), "--steps", "3", "--warmup", "1",
+                     "--modes", "sync,periodic", "--cpu-cores", settings, "--repeats", "2",
+                     "--out", str(out), f"--data.sft.cache_dir={tmp_path / 'cache'}"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "median of 2 interleaved runs" in text and "vs best sync" in text
+    figures = json.loads(out.read_text())
+    assert set(figures) == {f"{c}/{m}" for c in settings.split(",") for m in ("sync", "periodic")}
+    for entry in figures.values():
+        steps = [r["step_s"] for r in entry["runs"]]
+        assert len(steps) == 2 and all(s > 0 for s in steps)
+        assert entry["median"]["step_s"] == pytest.approx(sum(steps) / 2)
+        assert 0 <= entry["median"]["trainer_idle"] <= 1
+    assert figures["shared/sync"]["median"]["stale_max"] == 0
+    assert figures["shared/periodic"]["median"]["stale_max"] <= 1
+
+
+def test_pipeline_benchmark_rejects_unknown_settings():
+    with pytest.raises(SystemExit, match="valid"):
+        bench.main(["pipeline", "--cpu-cores", "shared,bogus"])
+    with pytest.raises(SystemExit, match="valid"):
+        bench.main(["pipeline", "--modes", "sync,eager"])

@@ -93,7 +93,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2, help="first steps left out (compilation)")
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--cpu-cores", default="shared,separate",
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every (cpu_cores, mode) this many times, interleaved, and report "
+                        "the median of each figure (a noisy machine drifts between runs)")
+    p.add_argument("--cpu-cores", default="shared,separate,split",
                    help="mesh.cpu_cores settings to run the modes under, on a CPU backend "
                         f"(comma-separated; valid: {', '.join(CPU_CORES)})")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
@@ -119,13 +122,20 @@ def main(argv: list[str]) -> int:
     devices = jax.devices()
     if devices[0].platform != "cpu":
         settings = settings[:1]  # the setting only matters on a CPU backend
-    results = {}
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
+    runs: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="jaxrl-bench-") as tmp:
-        for cores in settings:
-            for mode in modes:
-                results[cores, mode] = _run_mode(args, overrides, tmp, mode, cores)
+        for r in range(args.repeats):
+            for cores in settings:
+                for mode in modes:
+                    runs.setdefault((cores, mode), []).append(
+                        _run_mode(args, overrides, tmp, mode, cores, tag=str(r)))
+    results = {key: {k: float(np.median([f[k] for f in fs])) for k in fs[0]}
+               for key, fs in runs.items()}
     print(f"pipeline benchmark: {args.steps} steps per mode ({args.warmup} warm-up left out), "
-          f"{len(devices)} {devices[0].platform} device(s), config {Path(args.config).name}")
+          f"{len(devices)} {devices[0].platform} device(s), config {Path(args.config).name}"
+          + (f", median of {args.repeats} interleaved runs each" if args.repeats > 1 else ""))
     print(f"{'cpu_cores':<10}{'mode':<9}" + "".join(f"{label:>13}" for _, label in COLUMNS)
           + f"{'host_cpu':>10}{'vs sync':>9}{'vs best sync':>14}")
     syncs = [f["step_s"] for (_, m), f in results.items() if m == "sync"]
@@ -138,18 +148,23 @@ def main(argv: list[str]) -> int:
               + f"{f['host_cpu_busy']:>10.0%}{speed:>9}{vs_best:>14}")
     print(f"host_cpu: busy fraction of all {os.cpu_count()} host cores over the timed steps "
           "(trainer, generator and sandbox workers together, plus anything else on the machine)")
+    if args.repeats > 1:
+        each = (f"{c}/{m} " + " ".join(f"{f['step_s']:.3f}" for f in fs)
+                for (c, m), fs in runs.items())
+        print("step_s of each run: " + "; ".join(each))
     if args.out:
         Path(args.out).write_text(json.dumps(
-            {f"{cores}/{mode}": f for (cores, mode), f in results.items()}, indent=1))
+            {f"{cores}/{mode}": {"median": results[cores, mode], "runs": fs}
+             for (cores, mode), fs in runs.items()}, indent=1))
     return 0
 
 
-def _run_mode(args, overrides: list[str], tmp: str, mode: str, cores: str) -> dict:
+def _run_mode(args, overrides: list[str], tmp: str, mode: str, cores: str, tag: str) -> dict:
     from jaxrl.config import load_config
     from jaxrl.run import run
 
     cfg = load_config(args.config, [
-        *overrides, f"--name=bench-{cores}-{mode}", f"--run_dir={tmp}",
+        *overrides, f"--name=bench-{cores}-{mode}-{tag}", f"--run_dir={tmp}",
         f"--pipeline.mode={mode}", "--pipeline.max_staleness=2", f"--mesh.cpu_cores={cores}",
         f"--pipeline.steps={args.steps}", "--train.checkpoint_every=0",
     ])
