@@ -144,17 +144,17 @@ class MeshConfig:
     devices each (all of them for both roles when there is only one device, i.e. colocated).
     With `colocated=True` both roles use the same devices, time-shared.
 
-    `cpu_cores` matters only on a CPU backend with separate roles. "shared": both roles'
-    simulated devices on XLA's one CPU thread pool. "separate": the generator gets a thread pool
-    of its own pinned to its share of the host cores (the trainer keeps all of them). "split":
-    disjoint cores per role. "auto": "separate" where available (Linux), else "shared". See
-    jaxrl/cpu.py.
+    `cpu_cores` matters only on a CPU backend with separate roles. "shared" (default): both
+    roles' simulated devices on XLA's one CPU thread pool, every core for whichever role runs.
+    "separate": the generator gets a thread pool of its own pinned to its share of the host
+    cores (the trainer keeps all of them). "split": disjoint cores per role, as two devices
+    would be; the setting for measuring pipeline overlap on a CPU. See jaxrl/cpu.py.
     """
 
     trainer: tuple[int, ...] | None = None
     generator: tuple[int, ...] | None = None
     colocated: bool = False
-    cpu_cores: Literal["auto", "shared", "separate", "split"] = "auto"
+    cpu_cores: Literal["shared", "separate", "split"] = "shared"
 
     def __post_init__(self):
         for name in ("trainer", "generator"):

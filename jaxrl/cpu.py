@@ -5,14 +5,20 @@ pool. On a CPU host, "separate devices" therefore still queue on the same thread
 of the generator waits behind the trainer's tasks whenever the two overlap, which two
 accelerators would not do. `mesh.cpu_cores` chooses what the roles get:
 
-- "shared": both roles on the default client's one pool (XLA's default behaviour).
+- "shared" (the default): both roles on the default client's one pool, XLA's own behaviour.
+  Fastest end to end on a small host, since each role can use every core while the other
+  waits.
 - "separate": the generator gets a CPU client of its own whose threads run only on its share of
   the host cores; the trainer's (default) client keeps every core, so it also uses the
   generator's share while the generator idles, and the OS scheduler, not one task queue,
   arbitrates when both compute.
 - "split": as "separate", and the trainer's threads are pinned to the remaining cores: disjoint
-  compute per role, the closest a CPU host gets to two devices.
-- "auto": "separate" where it is available (Linux, two or more cores), else "shared".
+  compute per role, the closest a CPU host gets to two devices. Each role is slower than
+  with every core, but the pipeline modes overlap them as they would on accelerators, so this
+  is the setting that measures the overlap (`python launch/bench.py pipeline`) and checks the
+  planner's predictions on a CPU.
+
+"separate" and "split" need Linux (thread affinity) and two or more cores.
 
 Arrays move between the two clients with `jax.device_put` like between any two devices.
 """
@@ -22,9 +28,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import warnings
 
-CPU_CORES = ("auto", "shared", "separate", "split")
+CPU_CORES = ("shared", "separate", "split")
 
 _CLIENTS: dict[tuple[int, frozenset[int]], object] = {}  # generator clients, reused
 _CLIENT_THREADS: set[int] = set()  # native threads our generator clients created
@@ -61,18 +66,15 @@ def separate_pools_unavailable() -> str | None:
     return None
 
 
-def resolve_cpu_cores(mode: str) -> str:
-    """`mode` with "auto" resolved; a clear error when the mode cannot work here."""
+def check_cpu_cores(mode: str) -> None:
+    """A clear error when `mode` is not a `mesh.cpu_cores` value or cannot work here."""
     if mode not in CPU_CORES:
         raise ValueError(
             f"mesh.cpu_cores: invalid value {mode!r}; valid choices: {list(CPU_CORES)}"
         )
     why = separate_pools_unavailable() if mode != "shared" else None
-    if mode == "auto":
-        return "shared" if why else "separate"
     if why:
         raise ValueError(f"mesh.cpu_cores={mode!r} is not available: {why}; use 'shared'")
-    return mode
 
 
 def split_cores(num_trainer: int, num_generator: int,
@@ -87,35 +89,28 @@ def split_cores(num_trainer: int, num_generator: int,
     return cores[:n], cores[n:]
 
 
-def role_devices(mode: str, num_trainer: int, num_generator: int) -> tuple[str, list | None]:
+def role_devices(mode: str, num_trainer: int, num_generator: int) -> list | None:
     """Apply `mode` (a `mesh.cpu_cores` value, see the module docstring) for `num_trainer` and
-    `num_generator` devices: returns the mode used ("auto" resolved) and the generator's
-    devices, or None for "shared" (the caller takes them from the default client). Pins, or
-    unpins, the default client's threads to match. Raises ValueError when an explicitly
-    requested mode cannot work here; "auto" falls back to "shared" (with a warning if the
-    generator's client failed to start)."""
-    used = resolve_cpu_cores(mode)
-    if used == "shared":
+    `num_generator` devices: returns the generator's devices, or None for "shared" (the caller
+    takes them from the default client). Pins, or unpins, the default client's threads to
+    match. Raises ValueError when the mode cannot work here."""
+    check_cpu_cores(mode)
+    if mode == "shared":
         _unpin_default_client()
-        return used, None
+        return None
     trainer_cores, generator_cores = split_cores(num_trainer, num_generator)
     try:
         devices = _generator_client_devices(num_generator, generator_cores)
-    except Exception as e:  # a jaxlib whose CPU client cannot be made this way
-        if mode != "auto":
-            raise ValueError(f"mesh.cpu_cores={mode!r}: could not start the generator's CPU "
-                             f"client ({type(e).__name__}: {e}); use 'shared'") from e
-        warnings.warn(f"mesh.cpu_cores='auto': using 'shared', the generator's own CPU client "
-                      f"did not start ({type(e).__name__}: {e})", stacklevel=2)
-        _unpin_default_client()
-        return "shared", None
-    if used == "split":
+    except Exception as e:  # e.g. a jaxlib whose CPU client cannot be made this way
+        raise ValueError(f"mesh.cpu_cores={mode!r}: could not start the generator's CPU "
+                         f"client ({type(e).__name__}: {e}); use 'shared'") from e
+    if mode == "split":
         _pin_default_client(trainer_cores)
     else:
         _unpin_default_client()
     log.info("mesh.cpu_cores=%s: the generator's CPU client runs on cores %s, the trainer's on %s",
-             used, generator_cores, trainer_cores if used == "split" else _host_cores())
-    return used, devices
+             mode, generator_cores, trainer_cores if mode == "split" else _host_cores())
+    return devices
 
 
 def _generator_client_devices(num_devices: int, cores: list[int]) -> list:

@@ -149,7 +149,7 @@ def make_meshes(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) ->
         from jaxrl import cpu
 
         try:
-            _, own = cpu.role_devices(cfg.cpu_cores, nt, ng)
+            own = cpu.role_devices(cfg.cpu_cores, nt, ng)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         generator_devices = own or generator_devices

@@ -63,13 +63,9 @@ def test_bad_value_names_the_valid_ones():
     with pytest.raises(ConfigError, match="cpu_cores.*'sharred'.*'shared'"):
         MeshConfig(cpu_cores="sharred")
     with pytest.raises(ValueError, match="valid choices"):
-        cpu.resolve_cpu_cores("split-ish")
-    assert cpu.resolve_cpu_cores("shared") == "shared"
-
-
-@needs_pools
-def test_auto_resolves_to_separate_where_available():
-    assert cpu.resolve_cpu_cores("auto") == "separate"
+        cpu.check_cpu_cores("split-ish")
+    cpu.check_cpu_cores("shared")
+    assert MeshConfig().cpu_cores == "shared"
 
 
 @needs_pools
@@ -155,3 +151,11 @@ def test_generator_work_runs_on_the_generator_clients_threads():
         f(x).block_until_ready()
     g, d = _cpu_seconds(ours) - g0, _cpu_seconds(theirs) - d0
     assert g > 0.2 and d < 0.25 * g, (g, d)
+
+
+def test_a_mode_this_host_cannot_run_fails_before_any_work(monkeypatch):
+    monkeypatch.setattr(cpu, "separate_pools_unavailable", lambda: "no affinity on this OS")
+    for mode in ("separate", "split"):
+        with pytest.raises(ConfigError, match=f"cpu_cores='{mode}'.*no affinity.*use 'shared'"):
+            make_meshes(MeshConfig(cpu_cores=mode))
+    make_meshes(MeshConfig(cpu_cores="shared"))  # shared needs nothing
