@@ -146,15 +146,14 @@ class MeshConfig:
 
     `cpu_cores` matters only on a CPU backend with separate roles. "shared" (default): both
     roles' simulated devices on XLA's one CPU thread pool, every core for whichever role runs.
-    "separate": the generator gets a thread pool of its own pinned to its share of the host
-    cores (the trainer keeps all of them). "split": disjoint cores per role, as two devices
-    would be; the setting for measuring pipeline overlap on a CPU. See jaxrl/cpu.py.
+    "split": disjoint host cores per role (the generator on a CPU client of its own), as two
+    devices would be; the setting for measuring pipeline overlap on a CPU. See jaxrl/cpu.py.
     """
 
     trainer: tuple[int, ...] | None = None
     generator: tuple[int, ...] | None = None
     colocated: bool = False
-    cpu_cores: Literal["shared", "separate", "split"] = "shared"
+    cpu_cores: Literal["shared", "split"] = "shared"
 
     def __post_init__(self):
         for name in ("trainer", "generator"):

@@ -1,26 +1,20 @@
-"""CPU-only machines: simulated devices, and a thread pool of its own for each role.
+"""CPU-only machines: simulated devices, and disjoint cores for the two roles.
 
 XLA's CPU client runs the programs of all its (simulated) devices on one shared intra-op thread
-pool. On a CPU host, "separate devices" therefore still queue on the same threads: a decode step
-of the generator waits behind the trainer's tasks whenever the two overlap, which two
-accelerators would not do. `mesh.cpu_cores` chooses what the roles get:
+pool, so on a CPU host two "separate devices" are still the same cores: when the trainer and the
+generator overlap, each slows the other down, which two accelerators would not. `mesh.cpu_cores`
+chooses what the roles get:
 
 - "shared" (the default): both roles on the default client's one pool, XLA's own behaviour.
-  Fastest end to end on a small host, since each role can use every core while the other
-  waits.
-- "separate": the generator gets a CPU client of its own whose threads run only on its share of
-  the host cores; the trainer's (default) client keeps every core, so it also uses the
-  generator's share while the generator idles, and the OS scheduler, not one task queue,
-  arbitrates when both compute.
-- "split": as "separate", and the trainer's threads are pinned to the remaining cores: disjoint
-  compute per role, the closest a CPU host gets to two devices. Each role is slower than
-  with every core, but the pipeline modes overlap them as they would on accelerators, so this
-  is the setting that measures the overlap (`python launch/bench.py pipeline`) and checks the
-  planner's predictions on a CPU.
+  Fastest end to end on a small host, since whichever role runs can use every core.
+- "split": the generator gets a CPU client of its own whose threads run only on its share of the
+  host cores, and the default client's threads (the trainer's) are pinned to the rest: disjoint
+  compute per role, the closest a CPU host gets to two devices. Each role is slower than with
+  every core, but the pipeline modes overlap them as they would on accelerators, so this is the
+  setting that measures the overlap on a CPU (`python launch/bench.py pipeline`). Needs Linux
+  (thread affinity) and two or more cores.
 
-"separate" and "split" need Linux (thread affinity) and two or more cores.
-
-Arrays move between the two clients with `jax.device_put` like between any two devices.
+Arrays move between the two clients with `jax.device_put`, as between any two devices.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ import logging
 import os
 import threading
 
-CPU_CORES = ("shared", "separate", "split")
+CPU_CORES = ("shared", "split")
 
 _CLIENTS: dict[tuple[int, frozenset[int]], object] = {}  # generator clients, reused
 _CLIENT_THREADS: set[int] = set()  # native threads our generator clients created
@@ -51,8 +45,8 @@ def _host_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def separate_pools_unavailable() -> str | None:
-    """Why `separate`/`split` cannot work in this process, or None when they can."""
+def split_unavailable() -> str | None:
+    """Why "split" cannot work in this process, or None when it can."""
     if not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"):
         return "pinning threads to cores needs Linux (os.sched_setaffinity, /proc/self/task)"
     if len(_host_cores()) < 2:
@@ -72,7 +66,7 @@ def check_cpu_cores(mode: str) -> None:
         raise ValueError(
             f"mesh.cpu_cores: invalid value {mode!r}; valid choices: {list(CPU_CORES)}"
         )
-    why = separate_pools_unavailable() if mode != "shared" else None
+    why = split_unavailable() if mode == "split" else None
     if why:
         raise ValueError(f"mesh.cpu_cores={mode!r} is not available: {why}; use 'shared'")
 
@@ -91,9 +85,9 @@ def split_cores(num_trainer: int, num_generator: int,
 
 def role_devices(mode: str, num_trainer: int, num_generator: int) -> list | None:
     """Apply `mode` (a `mesh.cpu_cores` value, see the module docstring) for `num_trainer` and
-    `num_generator` devices: returns the generator's devices, or None for "shared" (the caller
-    takes them from the default client). Pins, or unpins, the default client's threads to
-    match. Raises ValueError when the mode cannot work here."""
+    `num_generator` devices: returns the generator's devices for "split", or None for "shared"
+    (the caller takes them from the default client), and pins or unpins the default client's
+    threads to match. Raises ValueError when the mode cannot work here."""
     check_cpu_cores(mode)
     if mode == "shared":
         _unpin_default_client()
@@ -104,12 +98,9 @@ def role_devices(mode: str, num_trainer: int, num_generator: int) -> list | None
     except Exception as e:  # e.g. a jaxlib whose CPU client cannot be made this way
         raise ValueError(f"mesh.cpu_cores={mode!r}: could not start the generator's CPU "
                          f"client ({type(e).__name__}: {e}); use 'shared'") from e
-    if mode == "split":
-        _pin_default_client(trainer_cores)
-    else:
-        _unpin_default_client()
-    log.info("mesh.cpu_cores=%s: the generator's CPU client runs on cores %s, the trainer's on %s",
-             mode, generator_cores, trainer_cores if mode == "split" else _host_cores())
+    _pin_default_client(trainer_cores)
+    log.info("mesh.cpu_cores=split: the trainer computes on cores %s, the generator on %s",
+             trainer_cores, generator_cores)
     return devices
 
 
@@ -165,12 +156,5 @@ def _set_default_client_affinity(cores: list[int]) -> None:
             pass
 
 
-def _thread_ids() -> dict[int, str]:
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                out[int(tid)] = f.read().strip()
-        except OSError:  # the thread ended meanwhile
-            pass
-    return out
+def _thread_ids() -> list[int]:
+    return [int(tid) for tid in os.listdir("/proc/self/task")]

@@ -37,7 +37,7 @@ def test_pipeline_benchmark_compares_modes_under_each_cpu_setting(tmp_path, caps
     from jaxrl import cpu
 
     config = Path(__file__).parent / "controller" / "tiny_config.py"
-    settings = "shared" if cpu.separate_pools_unavailable() else "shared,separate"
+    settings = "shared" if cpu.split_unavailable() else "shared,split"
     out = tmp_path / "pipe.json"
     rc = bench.main(["pipeline", "--config", str(config), "--steps", "3", "--warmup", "1",
                      "--modes", "sync,periodic", "--cpu-cores", settings, "--repeats", "2",

@@ -1,8 +1,9 @@
-"""`mesh.cpu_cores`: a thread pool of its own for the generator on a CPU host (jaxrl/cpu.py).
+"""`mesh.cpu_cores="split"`: disjoint host cores for the trainer and the generator (jaxrl/cpu.py).
 
 What is checked against the operating system: which cores each client's threads may run on
-(`/proc/self/task`, `os.sched_getaffinity`), and that arrays placed and computed on the
-generator's client give the same values as numpy and as the default client.
+(`/proc/self/task`, `os.sched_getaffinity`), which threads do the generator's work (per-thread
+CPU time), and that arrays placed and computed on the generator's client give the same values
+as numpy and as the default client.
 """
 
 import os
@@ -19,9 +20,9 @@ from jaxrl import cpu
 from jaxrl.config import ConfigError, MeshConfig
 from jaxrl.sharding import make_meshes
 
-needs_pools = pytest.mark.skipif(
-    cpu.separate_pools_unavailable() is not None,
-    reason=f"separate CPU pools unavailable here: {cpu.separate_pools_unavailable()}",
+needs_split = pytest.mark.skipif(
+    cpu.split_unavailable() is not None,
+    reason=f"mesh.cpu_cores='split' unavailable here: {cpu.split_unavailable()}",
 )
 
 
@@ -41,6 +42,18 @@ def _default_pool() -> set[int]:
         except OSError:
             pass
     return out
+
+
+def _cpu_seconds(tids) -> float:
+    total = 0
+    for t in tids:
+        try:
+            with open(f"/proc/self/task/{t}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 @pytest.fixture(autouse=True)
@@ -63,44 +76,49 @@ def test_bad_value_names_the_valid_ones():
     with pytest.raises(ConfigError, match="cpu_cores.*'sharred'.*'shared'"):
         MeshConfig(cpu_cores="sharred")
     with pytest.raises(ValueError, match="valid choices"):
-        cpu.check_cpu_cores("split-ish")
+        cpu.check_cpu_cores("separate")
     cpu.check_cpu_cores("shared")
     assert MeshConfig().cpu_cores == "shared"
 
 
-@needs_pools
-def test_separate_gives_the_generator_its_own_pinned_client():
-    meshes = make_meshes(MeshConfig(cpu_cores="separate"))
+def test_a_mode_this_host_cannot_run_fails_before_any_work(monkeypatch):
+    monkeypatch.setattr(cpu, "split_unavailable", lambda: "no affinity on this OS")
+    with pytest.raises(ConfigError, match="cpu_cores='split'.*no affinity.*use 'shared'"):
+        make_meshes(MeshConfig(cpu_cores="split"))
+    make_meshes(MeshConfig(cpu_cores="shared"))  # shared needs nothing
+
+
+def test_shared_and_colocated_use_the_default_client():
+    for cfg in (MeshConfig(colocated=True), MeshConfig(cpu_cores="shared")):
+        meshes = make_meshes(cfg)
+        assert {d.client for d in meshes.generator.devices.flat} == {jax.devices()[0].client}
+    assert list(make_meshes(MeshConfig()).generator.devices.flat) == jax.devices()[4:]
+
+
+@needs_split
+def test_split_pins_each_role_to_its_own_cores_and_shared_undoes_it():
+    full = os.sched_getaffinity(0)
+    trainer_cores, generator_cores = cpu.split_cores(4, 4)
+    meshes = make_meshes(MeshConfig(cpu_cores="split"))
     trainer, generator = list(meshes.trainer.devices.flat), list(meshes.generator.devices.flat)
     assert trainer == jax.devices()[:4]
     assert len(generator) == 4 and all(d.platform == "cpu" for d in generator)
     assert generator[0].client is not jax.devices()[0].client
     assert not (set(trainer) & set(generator)) and not meshes.colocated
-    _, generator_cores = cpu.split_cores(4, 4)
-    assert cpu._CLIENT_THREADS, "the generator's client started no threads of its own"
+    # the generator's client: its own threads, on its cores only
     alive = cpu._CLIENT_THREADS & _native_threads()
     assert alive and all(os.sched_getaffinity(t) == set(generator_cores) for t in alive)
-    # the trainer's (default) client keeps every core
-    full = os.sched_getaffinity(0)
-    assert _default_pool() and all(os.sched_getaffinity(t) == full for t in _default_pool())
-
-
-@needs_pools
-def test_split_pins_the_trainer_and_shared_unpins_it():
-    full = os.sched_getaffinity(0)
-    trainer_cores, _ = cpu.split_cores(4, 4)
-    make_meshes(MeshConfig(cpu_cores="split"))
+    # the trainer's (default) client: its pool on the other cores
     pool = _default_pool()
     assert pool and all(os.sched_getaffinity(t) == set(trainer_cores) for t in pool)
     assert os.sched_getaffinity(0) == full  # the controller's own thread stays free
-    meshes = make_meshes(MeshConfig(cpu_cores="shared"))
+    make_meshes(MeshConfig(cpu_cores="shared"))
     assert all(os.sched_getaffinity(t) == full for t in _default_pool())
-    assert list(meshes.generator.devices.flat) == jax.devices()[4:]
 
 
-@needs_pools
+@needs_split
 def test_arrays_move_and_compute_across_the_two_clients():
-    meshes = make_meshes(MeshConfig(trainer=(2, 2), generator=(1, 4), cpu_cores="separate"))
+    meshes = make_meshes(MeshConfig(trainer=(2, 2), generator=(1, 4), cpu_cores="split"))
     x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
     on_trainer = jax.device_put(x, NamedSharding(meshes.trainer, P("fsdp", "tp")))
     target = NamedSharding(meshes.generator, P(None, "tp"))
@@ -108,8 +126,8 @@ def test_arrays_move_and_compute_across_the_two_clients():
     assert on_generator.sharding == target
     np.testing.assert_array_equal(np.asarray(on_generator), x)
     f = jax.jit(lambda a: jnp.tanh(a) @ a.T)
-    expected = np.tanh(x) @ x.T
-    np.testing.assert_allclose(np.asarray(f(on_generator)), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(f(on_generator)), np.tanh(x) @ x.T,
+                               rtol=1e-5, atol=1e-5)
     # the same program on the same layout gives the same bits on either client
     rep_t = jax.device_put(x, NamedSharding(meshes.trainer, P()))
     rep_g = jax.device_put(x, NamedSharding(meshes.generator, P()))
@@ -118,27 +136,9 @@ def test_arrays_move_and_compute_across_the_two_clients():
     assert back.sharding.mesh.devices.flat[0].client is jax.devices()[0].client
 
 
-def test_colocated_and_shared_use_the_default_client():
-    for cfg in (MeshConfig(colocated=True), MeshConfig(cpu_cores="shared")):
-        meshes = make_meshes(cfg)
-        assert {d.client for d in meshes.generator.devices.flat} == {jax.devices()[0].client}
-
-
-def _cpu_seconds(tids) -> float:
-    total = 0
-    for t in tids:
-        try:
-            with open(f"/proc/self/task/{t}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
-        except OSError:
-            pass
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-@needs_pools
+@needs_split
 def test_generator_work_runs_on_the_generator_clients_threads():
-    meshes = make_meshes(MeshConfig(cpu_cores="separate"))
+    meshes = make_meshes(MeshConfig(cpu_cores="split"))
     x = jax.device_put(np.ones((768, 768), np.float32), NamedSharding(meshes.generator, P()))
     f = jax.jit(lambda a: jnp.tanh(a @ a) @ a)
     f(x).block_until_ready()
@@ -151,11 +151,3 @@ def test_generator_work_runs_on_the_generator_clients_threads():
         f(x).block_until_ready()
     g, d = _cpu_seconds(ours) - g0, _cpu_seconds(theirs) - d0
     assert g > 0.2 and d < 0.25 * g, (g, d)
-
-
-def test_a_mode_this_host_cannot_run_fails_before_any_work(monkeypatch):
-    monkeypatch.setattr(cpu, "separate_pools_unavailable", lambda: "no affinity on this OS")
-    for mode in ("separate", "split"):
-        with pytest.raises(ConfigError, match=f"cpu_cores='{mode}'.*no affinity.*use 'shared'"):
-            make_meshes(MeshConfig(cpu_cores=mode))
-    make_meshes(MeshConfig(cpu_cores="shared"))  # shared needs nothing

@@ -7,9 +7,9 @@ per step, trainer idle fraction, produced vs consumed rollouts/s, weight-sync GB
 `mesh.cpu_cores`, and (last column) relative to the fastest sync of the run.
 
 On a CPU host `--cpu-cores` lists the `mesh.cpu_cores` settings to run every mode under
-(jaxrl/cpu.py): by default "shared" (one XLA thread pool for both roles) and "separate" (the
-generator on its own pinned pool), so the overlap is shown both with and without the roles
-queueing on the same threads.
+(jaxrl/cpu.py): by default "shared" (one XLA thread pool: every core for whichever role runs)
+and "split" (disjoint cores per role, as two devices would be), so the overlap is shown both
+with the roles competing for the same cores and without.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1,
                    help="run every (cpu_cores, mode) this many times, interleaved, and report "
                         "the median of each figure (a noisy machine drifts between runs)")
-    p.add_argument("--cpu-cores", default="shared,separate,split",
+    p.add_argument("--cpu-cores", default="shared,split",
                    help="mesh.cpu_cores settings to run the modes under, on a CPU backend "
                         f"(comma-separated; valid: {', '.join(CPU_CORES)})")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
