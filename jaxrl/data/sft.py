@@ -13,6 +13,7 @@ Cache: `warm_start` stores the result under `<cache_dir>/sft-<key>/` where `key`
 config, the task settings that shape the demonstrations (and the data files' sizes and mtimes),
 the tokenizer and the SFT settings. The directory is written under a temporary name and renamed
 only when complete, so an interrupted run never leaves a cache entry that a later run would use.
+The entry also records `code_stamp()`; a hit made by other code is used, with a warning.
 """
 
 from __future__ import annotations
@@ -193,6 +194,22 @@ def cache_key(model_cfg: ModelConfig, data_cfg: DataConfig, tokenizer) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@functools.cache
+def code_stamp() -> str:
+    """Hash of the code that shapes a warm start (jaxrl's models, trainer, data and tokenizer
+    sources, and the jax version). Kept in a cache entry's meta.json: not part of the key, so
+    that editing the code never throws away a long SFT run, but a hit from other code warns."""
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "tokenizers.py"]
+    for sub in ("models", "train", "data"):
+        files += sorted((root / sub).rglob("*.py"))
+    h = hashlib.sha256(jax.__version__.encode())
+    for f in files:
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _abstract_params(model_cfg: ModelConfig, mesh: Mesh, sft) -> dict:
     abstract, _ = train_state_shardings(model_cfg, sft_train_config(sft), mesh)
     return abstract.params
@@ -235,10 +252,17 @@ def warm_start(model_cfg: ModelConfig, data_cfg: DataConfig, *, mesh: Mesh, toke
         meta = json.loads((final / "meta.json").read_text())
         params = load_cached(final, model_cfg, mesh, sft)
         log.info("SFT warm start: cache hit %s", final)
+        if meta.get("code") != code_stamp():
+            log.warning(
+                "SFT warm start %s was made by other jaxrl code or another jax version than this "
+                "run's (the key covers the settings, not the code), so it may differ from what "
+                "this code would train; delete that directory, or pass --data.sft.cache=false, "
+                "to train it again", final)
         return params, {**meta, "cache_hit": True, "cache_path": str(final)}
     params, info = run_sft(model_cfg, data_cfg, mesh=mesh, tokenizer=tokenizer, task=task,
                            on_log=on_log)
-    info = {**info, "key": key, "model": to_dict(model_cfg), "data": to_dict(data_cfg)}
+    info = {**info, "key": key, "model": to_dict(model_cfg), "data": to_dict(data_cfg),
+            "code": code_stamp()}
     if sft.cache:
         _write_atomic(final, params, info)
     return params, {**info, "cache_hit": False, "cache_path": str(final) if sft.cache else None}

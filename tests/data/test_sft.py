@@ -48,6 +48,7 @@ def test_cache_is_keyed_atomic_and_reused(tmp_path, mesh, monkeypatch):
     again, info2 = sft_mod.warm_start(model_cfg, cfg, mesh=mesh, tokenizer=tok)
     assert info2["cache_hit"] and info2["key"] == info["key"]
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), jax.device_get(again))
+    assert info["code"] == sft_mod.code_stamp()
 
     # an interrupted write leaves no cache entry (and no temporary directory) behind
     def interrupted(params, path):
@@ -90,3 +91,24 @@ def test_short_sft_lowers_loss_and_solves_some_held_out_problems(mesh):
         m = evaluate(model, task, tok, scorer, cfg=cfg, seed=0)
     print(f"short SFT: losses {losses}, {m}")
     assert m["eval/pass@1"] > 0.0 and m["eval/pass@4"] >= m["eval/pass@1"]
+
+
+def test_a_cache_hit_from_other_code_is_used_with_a_warning(tmp_path, mesh, caplog):
+    import json
+
+    model_cfg = tiny_model_config(num_layers=1, hidden_size=32, intermediate_size=64)
+    cfg = DataConfig(sft=SFTConfig(steps=1, batch_size=4, cache_dir=str(tmp_path)))
+    tok = CharTokenizer()
+    _, info = sft_mod.warm_start(model_cfg, cfg, mesh=mesh, tokenizer=tok)
+    with caplog.at_level("WARNING", logger="jaxrl.data.sft"):
+        assert sft_mod.warm_start(model_cfg, cfg, mesh=mesh, tokenizer=tok)[1]["cache_hit"]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    meta_path = tmp_path / f"sft-{info['key']}" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "code": "made-by-older-code"}))
+    with caplog.at_level("WARNING", logger="jaxrl.data.sft"):
+        _, hit = sft_mod.warm_start(model_cfg, cfg, mesh=mesh, tokenizer=tok)
+    assert hit["cache_hit"]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and str(meta_path.parent) in warned[0]
+    assert "--data.sft.cache=false" in warned[0]
