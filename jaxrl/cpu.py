@@ -90,7 +90,7 @@ def role_devices(mode: str, num_trainer: int, num_generator: int) -> list | None
     threads to match. Raises ValueError when the mode cannot work here."""
     check_cpu_cores(mode)
     if mode == "shared":
-        _unpin_default_client()
+        unpin_default_client()
         return None
     trainer_cores, generator_cores = split_cores(num_trainer, num_generator)
     try:
@@ -134,7 +134,9 @@ def _pin_default_client(cores: list[int]) -> None:
         _set_default_client_affinity(cores)
 
 
-def _unpin_default_client() -> None:
+def unpin_default_client() -> None:
+    """Give the default client's threads back every core a "split" took from them (a no-op
+    when nothing is pinned): for code that goes on in the same process after a split run."""
     with _LOCK:
         if "cores" in _DEFAULT_MASK:
             _set_default_client_affinity(_DEFAULT_MASK.pop("cores"))

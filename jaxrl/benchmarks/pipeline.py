@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrl.cpu import CPU_CORES
+from jaxrl.cpu import CPU_CORES, unpin_default_client
 
 MODES = ("sync", "periodic", "async", "inflight")
 COLUMNS = (
@@ -126,11 +126,14 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
     runs: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="jaxrl-bench-") as tmp:
-        for r in range(args.repeats):
-            for cores in settings:
-                for mode in modes:
-                    runs.setdefault((cores, mode), []).append(
-                        _run_mode(args, overrides, tmp, mode, cores, tag=str(r)))
+        try:
+            for r in range(args.repeats):
+                for cores in settings:
+                    for mode in modes:
+                        runs.setdefault((cores, mode), []).append(
+                            _run_mode(args, overrides, tmp, mode, cores, tag=str(r)))
+        finally:
+            unpin_default_client()  # a split run pins this process's XLA threads
     results = {key: {k: float(np.median([f[k] for f in fs])) for k in fs[0]}
                for key, fs in runs.items()}
     print(f"pipeline benchmark: {args.steps} steps per mode ({args.warmup} warm-up left out), "
