@@ -60,12 +60,13 @@ def fit_block(block: int, n: int, backend: str) -> int:
 
 
 def make_package_callable(module_name: str, fn) -> None:
-    """Let ``kernels.<op>`` be called like the op itself.
+    """Let ``jaxrl_kernels.<op>`` be called like the op itself.
 
     Each op lives in a package named like its function (kernels/flash_attention/ holds
-    ``flash_attention``). Once the package is imported, Python binds ``kernels.flash_attention`` to
-    the package, shadowing the lazy export in kernels/__init__.py; making the package callable keeps
-    ``kernels.flash_attention(q, k, v)`` working either way.
+    ``flash_attention``). Once the package is imported, Python binds
+    ``jaxrl_kernels.flash_attention`` to the package, shadowing the lazy export in
+    kernels/__init__.py; making the package callable keeps
+    ``jaxrl_kernels.flash_attention(q, k, v)`` working either way.
     """
     import sys
     import types

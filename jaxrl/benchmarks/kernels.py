@@ -78,10 +78,10 @@ def _check_correctness(interpret, dtype):
     import jax.numpy as jnp
     import numpy as np
 
-    import kernels
-    from kernels.decode_attention import decode_attention_reference
-    from kernels.flash_attention import flash_attention_reference
-    from kernels.paged_decode_attention import paged_decode_attention_reference
+    import jaxrl_kernels
+    from jaxrl_kernels.decode_attention import decode_attention_reference
+    from jaxrl_kernels.flash_attention import flash_attention_reference
+    from jaxrl_kernels.paged_decode_attention import paged_decode_attention_reference
 
     failures = []
     ks = jax.random.split(jax.random.key(0), 3)
@@ -103,12 +103,12 @@ def _check_correctness(interpret, dtype):
 
     check(
         "flash causal",
-        kernels.flash_attention(q, k, v, interpret=interpret),
+        jaxrl_kernels.flash_attention(q, k, v, interpret=interpret),
         flash_attention_reference(q, k, v),
     )
     check(
         "flash causal+segments",
-        kernels.flash_attention(q, k, v, segment_ids=seg, interpret=interpret),
+        jaxrl_kernels.flash_attention(q, k, v, segment_ids=seg, interpret=interpret),
         flash_attention_reference(q, k, v, segment_ids=seg),
     )
 
@@ -116,7 +116,7 @@ def _check_correctness(interpret, dtype):
         loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) ** 2)
         return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
-    got = grads(lambda q, k, v: kernels.flash_attention(q, k, v, interpret=interpret))
+    got = grads(lambda q, k, v: jaxrl_kernels.flash_attention(q, k, v, interpret=interpret))
     want = grads(flash_attention_reference)
     for name, g, w in zip(("dq", "dk", "dv"), got, want, strict=True):
         scale = jnp.max(jnp.abs(w.astype(jnp.float32)))
@@ -124,7 +124,7 @@ def _check_correctness(interpret, dtype):
     lengths = jnp.asarray([1, T - 7], jnp.int32)
     check(
         "decode",
-        kernels.decode_attention(q[:, 0], k, v, lengths, interpret=interpret),
+        jaxrl_kernels.decode_attention(q[:, 0], k, v, lengths, interpret=interpret),
         decode_attention_reference(q[:, 0], k, v, lengths),
     )
     ps = 16
@@ -135,7 +135,7 @@ def _check_correctness(interpret, dtype):
     lengths = jnp.asarray([1, P * ps - 5], jnp.int32)
     check(
         "paged decode",
-        kernels.paged_decode_attention(
+        jaxrl_kernels.paged_decode_attention(
             q[:, 0], pages_k, pages_v, lengths, table, interpret=interpret
         ),
         paged_decode_attention_reference(q[:, 0], pages_k, pages_v, lengths, table),
@@ -146,8 +146,8 @@ def _check_correctness(interpret, dtype):
 def _prefill(args, on_gpu, dtype, interpret):
     import jax
 
-    import kernels
-    from kernels.flash_attention import flash_attention_reference
+    import jaxrl_kernels
+    from jaxrl_kernels.flash_attention import flash_attention_reference
 
     rows = []
     ts = (64, 128) if args.smoke else PREFILL_T
@@ -160,7 +160,9 @@ def _prefill(args, on_gpu, dtype, interpret):
         v = jax.random.normal(ks[2], (B, T, hkv, d), dtype)
         flops = 2 * B * hq * T * T * d  # causal: half of 4 * B * Hq * T^2 * D
         impls = {
-            "pallas": jax.jit(lambda q, k, v: kernels.flash_attention(q, k, v, interpret=interpret))
+            "pallas": jax.jit(
+                lambda q, k, v: jaxrl_kernels.flash_attention(q, k, v, interpret=interpret)
+            )
         }
         if not args.skip_xla:
             impls["xla"] = jax.jit(lambda q, k, v: flash_attention_reference(q, k, v))
@@ -198,8 +200,8 @@ def _decode(args, dtype, interpret, copy_gbps):
     import jax
     import jax.numpy as jnp
 
-    import kernels
-    from kernels.decode_attention import decode_attention_reference
+    import jaxrl_kernels
+    from jaxrl_kernels.decode_attention import decode_attention_reference
 
     rows = []
     batches, contexts = ((4,), (128,)) if args.smoke else (DECODE_BATCH, DECODE_CONTEXT)
@@ -221,13 +223,15 @@ def _decode(args, dtype, interpret, copy_gbps):
             impls = {
                 "pallas": (
                     jax.jit(
-                        lambda q, k, v, n: kernels.decode_attention(q, k, v, n, interpret=interpret)
+                        lambda q, k, v, n: jaxrl_kernels.decode_attention(
+                            q, k, v, n, interpret=interpret
+                        )
                     ),
                     (q, k, v, lengths),
                 ),
                 "paged": (
                     jax.jit(
-                        lambda q, k, v, n, t: kernels.paged_decode_attention(
+                        lambda q, k, v, n, t: jaxrl_kernels.paged_decode_attention(
                             q, k, v, n, t, interpret=interpret
                         )
                     ),

@@ -87,7 +87,7 @@ def kernel_shard_axes(batch: int, num_kv_heads: int):
 
 
 def _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale):
-    """`kernels.flash_attention` (causal), per shard when a mesh splits batch or kv heads.
+    """`jaxrl_kernels.flash_attention` (causal), per shard when a mesh splits batch or kv heads.
 
     Query heads shard with their kv heads: with Hkv divisible by the axis, each shard's query heads
     [i * Hq / n, (i + 1) * Hq / n) use exactly its kv heads. The kernel's custom_vjp runs per shard
@@ -98,9 +98,9 @@ def _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale):
     mesh axis (the segment block table, the decode lengths); compiled lowerings never run it. The
     bodies have no collectives for the check to guard, and without it shard_map's transpose still
     sums the cotangents of inputs replicated over an axis (a non-dividing batch or head count)."""
-    import kernels
+    import jaxrl_kernels
 
-    flash = functools.partial(kernels.flash_attention, causal=True, sm_scale=scale)
+    flash = functools.partial(jaxrl_kernels.flash_attention, causal=True, sm_scale=scale)
     sharded = kernel_shard_axes(q_BTHD.shape[0], k_BSKD.shape[2])
     if sharded is None:
         return flash(q_BTHD, k_BSKD, v_BSKD, segment_ids=segment_ids_BT)
@@ -116,16 +116,16 @@ def _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale):
 
 
 def _pallas_decode(q_BHD, k_BSKD, v_BSKD, kv_lengths_B):
-    """`kernels.decode_attention`, per shard when a mesh splits batch (slots) or kv heads."""
-    import kernels
+    """`jaxrl_kernels.decode_attention`, per shard when a mesh splits batch (slots) or kv heads."""
+    import jaxrl_kernels
 
     sharded = kernel_shard_axes(q_BHD.shape[0], k_BSKD.shape[2])
     if sharded is None:
-        return kernels.decode_attention(q_BHD, k_BSKD, v_BSKD, kv_lengths_B)
+        return jaxrl_kernels.decode_attention(q_BHD, k_BSKD, v_BSKD, kv_lengths_B)
     mesh, b, h = sharded
     seq = P(b, None, h, None)
     fn = jax.shard_map(
-        kernels.decode_attention,
+        jaxrl_kernels.decode_attention,
         mesh=mesh,
         in_specs=(P(b, h, None), seq, seq, P(b)),
         out_specs=P(b, h, None),

@@ -3,8 +3,9 @@
 Layout (per layer): keys and values live in a pool of `num_pages` pages `[N, page_size, K, D]`.
 Row (slot) b's logical page i — positions `[i * page_size, (i + 1) * page_size)` — is the
 physical page `page_table_BP[b, i]`. Decode attention reads pages through the table
-(`kernels.paged_decode_attention` with `attention_impl="pallas"`); the XLA path gathers a row's
-pages into a contiguous `[B, P * page_size, K, D]` view and runs the model's `cached_attention`.
+(`jaxrl_kernels.paged_decode_attention` with `attention_impl="pallas"`); the XLA path gathers a
+row's pages into a contiguous `[B, P * page_size, K, D]` view and runs the model's
+`cached_attention`.
 
 Allocation is static: slot b owns pages `[b * P, (b + 1) * P)` for good, with
 `P = ceil(max_len / page_size)` pages per slot, so a slot can always grow to `max_len` and nothing
@@ -72,8 +73,8 @@ def paged_attention(q_BTHD, k_pages, v_pages, page_table_BP, q_positions_BT, kv_
     """Queries at `q_positions` attend to each row's first `kv_lengths` entries (causally).
 
     One query per row with impl "pallas" (or "auto" on TPU/GPU) runs
-    `kernels.paged_decode_attention`, which reads only the pages holding valid tokens (on CPU it
-    runs in Pallas' interpreter, as `cached_attention`'s kernels do). Anything else (XLA / cuDNN
+    `jaxrl_kernels.paged_decode_attention`, which reads only the pages holding valid tokens (on CPU
+    it runs in Pallas' interpreter, as `cached_attention`'s kernels do). Anything else (XLA / cuDNN
     settings, or T > 1 queries such as chunked prefill) gathers the pages into a contiguous view
     and uses the XLA `cached_attention`.
     """
@@ -87,27 +88,27 @@ def paged_attention(q_BTHD, k_pages, v_pages, page_table_BP, q_positions_BT, kv_
 
 
 def _pallas_paged_decode(q_BHD, k_pages, v_pages, kv_lengths_B, page_table_BP):
-    """`kernels.paged_decode_attention`, per shard when the mesh in context (`jax.set_mesh`) splits
-    slots or kv heads, as `jaxrl.models.attention` runs the other kernels.
+    """`jaxrl_kernels.paged_decode_attention`, per shard when the mesh in context (`jax.set_mesh`)
+    splits slots or kv heads, as `jaxrl.models.attention` runs the other kernels.
 
     Per shard, the pool is the shard's slice of pages and the table is made local by subtracting
     the shard's first page. That needs each row's pages to lie in the row's own shard, which the
     static allocation guarantees (slot b's pages follow slot b). check_vma=False for the reason
     given in `attention._pallas_flash` (scalar-prefetch operands under Pallas' CPU interpreter).
     """
-    import kernels
+    import jaxrl_kernels
 
     sharded = kernel_shard_axes(q_BHD.shape[0], k_pages.shape[2])
     if sharded is None:
-        return kernels.paged_decode_attention(q_BHD, k_pages, v_pages, kv_lengths_B,
-                                              page_table_BP)
+        return jaxrl_kernels.paged_decode_attention(q_BHD, k_pages, v_pages, kv_lengths_B,
+                                                    page_table_BP)
 
     mesh, b, h = sharded
 
     def body(q, k, v, lengths, table):
         if b is not None:  # physical page ids -> this shard's slice of the pool
             table = table - jax.lax.axis_index(b) * k.shape[0]
-        return kernels.paged_decode_attention(q, k, v, lengths, table)
+        return jaxrl_kernels.paged_decode_attention(q, k, v, lengths, table)
 
     pages = PartitionSpec(b, None, h, None)
     fn = jax.shard_map(

@@ -1,10 +1,10 @@
 """Decode attention over a contiguous KV cache: ragged lengths, split-K, GQA-folded."""
 
-from kernels.decode_attention.ops import BlockSizes, decode_attention
-from kernels.decode_attention.reference import decode_attention_reference
+from jaxrl_kernels.decode_attention.ops import BlockSizes, decode_attention
+from jaxrl_kernels.decode_attention.reference import decode_attention_reference
 
 __all__ = ["BlockSizes", "decode_attention", "decode_attention_reference"]
 
-from kernels._util import make_package_callable  # noqa: E402
+from jaxrl_kernels._util import make_package_callable  # noqa: E402
 
 make_package_callable(__name__, decode_attention)

@@ -12,9 +12,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels._util import cdiv, next_pow2, resolve_backend, round_up
-from kernels.decode_attention.kernel import decode_tpu
-from kernels.decode_attention.kernel_gpu import decode_gpu
+from jaxrl_kernels._util import cdiv, next_pow2, resolve_backend, round_up
+from jaxrl_kernels.decode_attention.kernel import decode_tpu
+from jaxrl_kernels.decode_attention.kernel_gpu import decode_gpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +94,7 @@ def decode_attention(
 
     Row b attends to cache positions [0, lengths[b]) (0 gives zeros); positions beyond are never
     read. Query head n uses kv head n // (Hq // Hkv). ``interpret`` / ``backend`` as in
-    ``kernels.flash_attention``.
+    ``jaxrl_kernels.flash_attention``.
     """
     check_decode_args(q, k_cache, v_cache, lengths)
     B, Hq, D = q.shape

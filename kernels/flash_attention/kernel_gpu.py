@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels._util import BIG_LSE, LN2, LOG2E, MASK_VALUE, out_struct
+from jaxrl_kernels._util import BIG_LSE, LN2, LOG2E, MASK_VALUE, out_struct
 
 _NT = (((1,), (1,)), ((), ()))
 _NN = (((1,), (0,)), ((), ()))

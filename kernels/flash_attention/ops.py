@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from kernels._util import BIG_LSE, cdiv, fit_block, next_pow2, resolve_backend
-from kernels.flash_attention.kernel import flash_bwd_tpu, flash_fwd_tpu
-from kernels.flash_attention.kernel_gpu import flash_bwd_gpu, flash_fwd_gpu
+from jaxrl_kernels._util import BIG_LSE, cdiv, fit_block, next_pow2, resolve_backend
+from jaxrl_kernels.flash_attention.kernel import flash_bwd_tpu, flash_fwd_tpu
+from jaxrl_kernels.flash_attention.kernel_gpu import flash_bwd_gpu, flash_fwd_gpu
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """Decode attention over a paged KV cache (page pool + per-sequence page table)."""
 
-from kernels.paged_decode_attention.ops import BlockSizes, paged_decode_attention
-from kernels.paged_decode_attention.reference import gather_pages, paged_decode_attention_reference
+from jaxrl_kernels.paged_decode_attention.ops import BlockSizes, paged_decode_attention
+from jaxrl_kernels.paged_decode_attention.reference import (
+    gather_pages,
+    paged_decode_attention_reference,
+)
 
 __all__ = [
     "BlockSizes",
@@ -10,6 +13,6 @@ __all__ = [
     "paged_decode_attention_reference",
 ]
 
-from kernels._util import make_package_callable  # noqa: E402
+from jaxrl_kernels._util import make_package_callable  # noqa: E402
 
 make_package_callable(__name__, paged_decode_attention)

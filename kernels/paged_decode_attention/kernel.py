@@ -16,7 +16,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.decode_attention.kernel import decode_kernel_body, partial_out_specs_and_shapes
+from jaxrl_kernels.decode_attention.kernel import decode_kernel_body, partial_out_specs_and_shapes
 
 
 def _paged_kernel(lengths_ref, page_table_ref, *refs, sm_scale, blocks_per_split):

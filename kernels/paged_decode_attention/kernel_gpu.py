@@ -15,8 +15,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels._util import LOG2E, out_struct
-from kernels.decode_attention.kernel_gpu import init_carry, online_softmax_block
+from jaxrl_kernels._util import LOG2E, out_struct
+from jaxrl_kernels.decode_attention.kernel_gpu import init_carry, online_softmax_block
 
 
 def _paged_kernel(

@@ -2,7 +2,7 @@
 
 Jitted wrapper with static frozen ``BlockSizes`` and an ``interpret`` flag; split-K partials from
 the TPU (kernel.py, page table scalar-prefetched) or GPU (kernel_gpu.py) body, combined as in
-kernels.decode_attention. Inference only.
+jaxrl_kernels.decode_attention. Inference only.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels._util import cdiv, resolve_backend
-from kernels.decode_attention.ops import run_split_k
-from kernels.paged_decode_attention.kernel import paged_decode_tpu
-from kernels.paged_decode_attention.kernel_gpu import paged_decode_gpu
+from jaxrl_kernels._util import cdiv, resolve_backend
+from jaxrl_kernels.decode_attention.ops import run_split_k
+from jaxrl_kernels.paged_decode_attention.kernel import paged_decode_tpu
+from jaxrl_kernels.paged_decode_attention.kernel_gpu import paged_decode_gpu
 
 
 @dataclasses.dataclass(frozen=True)

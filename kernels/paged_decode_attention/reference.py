@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernels.decode_attention.reference import decode_attention_reference
+from jaxrl_kernels.decode_attention.reference import decode_attention_reference
 
 
 def gather_pages(pages, page_table):

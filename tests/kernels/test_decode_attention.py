@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from kernel_testing import TOLERANCES, assert_close
 
-import kernels
-from kernels.decode_attention import BlockSizes, decode_attention_reference
-from kernels.paged_decode_attention import BlockSizes as PagedBlockSizes
-from kernels.paged_decode_attention import paged_decode_attention_reference
+import jaxrl_kernels
+from jaxrl_kernels.decode_attention import BlockSizes, decode_attention_reference
+from jaxrl_kernels.paged_decode_attention import BlockSizes as PagedBlockSizes
+from jaxrl_kernels.paged_decode_attention import paged_decode_attention_reference
 
 
 def _poison_past_length(cache, lengths):
@@ -42,7 +42,7 @@ def test_decode_matches_reference(interpret, G, D, S, dtype, lengths, splits):
     Hkv = 2
     lengths = jnp.asarray(lengths, jnp.int32)
     q, k, v = _qkv(len(lengths), S, G * Hkv, Hkv, D, jnp.dtype(dtype))
-    out = kernels.decode_attention(
+    out = jaxrl_kernels.decode_attention(
         q,
         _poison_past_length(k, lengths),
         _poison_past_length(v, lengths),
@@ -89,7 +89,7 @@ def test_paged_decode_matches_reference(interpret, G, D, dtype, lengths, page_si
     B = len(lengths)
     q, k, v = _qkv(B, P * page_size, G * Hkv, Hkv, D, jnp.dtype(dtype), seed=3)
     k_pages, v_pages, table = _paged(k, v, lengths, page_size, num_pages=B * P + 3)
-    out = kernels.paged_decode_attention(
+    out = jaxrl_kernels.paged_decode_attention(
         q,
         k_pages,
         v_pages,
@@ -119,6 +119,6 @@ def test_paged_reference_equals_contiguous_reference():
 def test_zero_length_rows_give_zeros():
     lengths = jnp.asarray([0, 3], jnp.int32)
     q, k, v = _qkv(2, 16, 2, 1, 16, jnp.float32)
-    out = kernels.decode_attention(q, k, v, lengths, interpret=True)
+    out = jaxrl_kernels.decode_attention(q, k, v, lengths, interpret=True)
     np.testing.assert_array_equal(np.asarray(out[0]), 0.0)
     assert_close(out[1], decode_attention_reference(q, k, v, lengths)[1], "float32")

@@ -8,13 +8,13 @@ import jax.numpy as jnp
 import pytest
 from jax import export
 
-from kernels.decode_attention import ops as decode_ops
-from kernels.decode_attention.kernel import decode_tpu
-from kernels.decode_attention.kernel_gpu import decode_gpu
-from kernels.flash_attention import ops as flash_ops
-from kernels.paged_decode_attention import ops as paged_ops
-from kernels.paged_decode_attention.kernel import paged_decode_tpu
-from kernels.paged_decode_attention.kernel_gpu import paged_decode_gpu
+from jaxrl_kernels.decode_attention import ops as decode_ops
+from jaxrl_kernels.decode_attention.kernel import decode_tpu
+from jaxrl_kernels.decode_attention.kernel_gpu import decode_gpu
+from jaxrl_kernels.flash_attention import ops as flash_ops
+from jaxrl_kernels.paged_decode_attention import ops as paged_ops
+from jaxrl_kernels.paged_decode_attention.kernel import paged_decode_tpu
+from jaxrl_kernels.paged_decode_attention.kernel_gpu import paged_decode_gpu
 
 PLATFORMS = {"gpu": ("cuda", "__gpu$xla.gpu.triton"), "tpu": ("tpu", "tpu_custom_call")}
 B, T, HQ, HKV, D, S = 2, 1000, 32, 8, 128, 4000

@@ -11,9 +11,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from kernel_testing import GRAD_TOLERANCES, TOLERANCES, assert_close
 
-import kernels
-from kernels.decode_attention import decode_attention_reference
-from kernels.flash_attention import BlockSizes, flash_attention_reference
+import jaxrl_kernels
+from jaxrl_kernels.decode_attention import decode_attention_reference
+from jaxrl_kernels.flash_attention import BlockSizes, flash_attention_reference
 
 
 def _mesh():
@@ -30,7 +30,9 @@ def test_flash_and_decode_under_shard_map():
     k = put(jax.random.normal(kk, (B, T, Hkv, D)), seq)
     v = put(jax.random.normal(kv, (B, T, Hkv, D)), seq)
     flash = jax.shard_map(
-        functools.partial(kernels.flash_attention, block_sizes=BlockSizes(block_q=16, block_k=16)),
+        functools.partial(
+            jaxrl_kernels.flash_attention, block_sizes=BlockSizes(block_q=16, block_k=16)
+        ),
         mesh=mesh,
         in_specs=(seq, seq, seq),
         out_specs=seq,
@@ -44,7 +46,7 @@ def test_flash_and_decode_under_shard_map():
     # check_vma=False: under vma checks, Pallas' generic interpreter (jax 0.10.2) rejects a
     # dynamic_slice of the "dp"-varying lengths by grid indices; compiled lowerings do not run it.
     decode = jax.shard_map(
-        kernels.decode_attention,
+        jaxrl_kernels.decode_attention,
         mesh=mesh,
         in_specs=(P("dp", "tp", None), seq, seq, P("dp")),
         out_specs=P("dp", "tp", None),

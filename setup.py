@@ -1,0 +1,14 @@
+"""Package layout (everything else is in pyproject.toml).
+
+The top-level folder `kernels/` installs under the import name `jaxrl_kernels`: `kernels` on PyPI
+is another project (Hugging Face's kernel hub), which an installed jaxrl must not shadow. The
+package list is computed so that a new subpackage of either folder ships without editing this file.
+"""
+
+from setuptools import find_packages, setup
+
+KERNELS = "jaxrl_kernels"
+packages = find_packages(include=["jaxrl", "jaxrl.*"])
+packages += [KERNELS] + [f"{KERNELS}.{p}" for p in find_packages("kernels")]
+
+setup(packages=packages, package_dir={KERNELS: "kernels"})
