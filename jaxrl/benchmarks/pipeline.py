@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxrl.config import PIPELINE_MODES as MODES
 from jaxrl.cpu import CPU_CORES, unpin_default_client
 
-MODES = ("sync", "periodic", "async", "inflight")
 COLUMNS = (
     ("pipeline/step_s", "step_s"),
     ("pipeline/trainer_idle_frac", "trainer_idle"),

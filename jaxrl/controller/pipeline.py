@@ -31,20 +31,13 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
+from jaxrl.config.sections import PIPELINE_MODES, PipelineMode, ahead_for
 from jaxrl.controller.trace import TraceWriter
 
-Mode = Literal["sync", "periodic", "async", "inflight"]
-MODES: tuple[str, ...] = ("sync", "periodic", "async", "inflight")
-
-
-def ahead_for(mode: str, max_staleness: int) -> int:
-    if mode not in MODES:
-        raise ValueError(f"unknown pipeline mode {mode!r}; valid choices: {list(MODES)}")
-    if mode in ("async", "inflight") and max_staleness < 1:
-        raise ValueError(f"mode {mode!r} needs max_staleness >= 1, got {max_staleness}")
-    return {"sync": 0, "periodic": 1}.get(mode, max_staleness)
+Mode = PipelineMode
+MODES = PIPELINE_MODES
 
 
 @dataclasses.dataclass
@@ -95,6 +88,8 @@ class Pipeline:
     ):
         self.mode = mode
         self.ahead = ahead_for(mode, max_staleness)
+        if mode in ("async", "inflight") and max_staleness < 1:
+            raise ValueError(f"mode {mode!r} needs max_staleness >= 1, got {max_staleness}")
         self._produce, self._train, self._publish = produce, train, publish
         self.trace = trace or TraceWriter()
         self.poll_s = poll_s

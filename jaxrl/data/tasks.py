@@ -26,13 +26,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from jaxrl.config.data import SPLITS
 from jaxrl.data import pysynth
 from jaxrl.data.sources import GeneratedSource, RecordError, RecordSource, load_records
 
 if TYPE_CHECKING:
     from jaxrl.data.config import DataConfig
 
-SPLITS = ("train", "eval")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,10 +41,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from jaxrl.config.sections import PIPELINE_MODES, ahead_for
 from jaxrl.planner.hardware import HardwareSpec
 from jaxrl.planner.specs import Efficiency, ModelSpec, Workload
 
-MODES: tuple[str, ...] = ("sync", "periodic", "async", "inflight")
+MODES = PIPELINE_MODES  # defined once, with the config
 
 
 class Infeasible(ValueError):
@@ -252,7 +253,7 @@ class ModeRates:
 
 def ahead_of(mode: str, staleness: int) -> int:
     """Versions the generator may run ahead of the trainer: sync 0, periodic 1, async k."""
-    return {"sync": 0, "periodic": 1}.get(check_mode(mode), staleness)
+    return ahead_for(check_mode(mode), staleness)
 
 
 def pipeline_rates(mode: str, batch: int, trainer_sps: float, gen_sps: float, *,

@@ -31,7 +31,14 @@ from typing import Protocol
 import numpy as np
 
 from jaxrl.controller.trace import TraceWriter
-from jaxrl.planner.analytic import MODES, check_mode, generator_model, trainer_model, weight_sync_s
+from jaxrl.planner.analytic import (
+    MODES,
+    ahead_of,
+    check_mode,
+    generator_model,
+    trainer_model,
+    weight_sync_s,
+)
 from jaxrl.planner.hardware import HardwareSpec
 from jaxrl.planner.specs import Efficiency, ModelSpec, Workload
 
@@ -274,7 +281,7 @@ class _Sim:
 
     @property
     def _ahead(self) -> int:
-        return {"sync": 0, "periodic": 1}.get(self.cfg.mode, self.cfg.staleness)
+        return ahead_of(self.cfg.mode, self.cfg.staleness)
 
     def _admit(self) -> bool:
         B, G = self.w.batch_size, self.w.group_size

@@ -112,5 +112,5 @@ def test_resume_from_a_later_step_and_bad_mode():
     with pytest.raises(ValueError, match="valid choices"):
         ahead_for("eager", 1)
     with pytest.raises(ValueError, match="max_staleness >= 1"):
-        ahead_for("async", 0)
+        Pipeline(mode="async", max_staleness=0, produce=produce, train=train, publish=publish)
     assert PipelineStopped

@@ -1,60 +1,26 @@
-"""Experiment configuration: frozen dataclasses, experiment files, strict CLI overrides.
+"""Config sections of the model, the meshes, the generator, rewards, the pipeline and processes.
 
-An experiment is a Python file in `configs/` with a function `config() -> RunConfig`. Overrides are
-`--a.b=c` strings applied on top; an unknown key, a value of the wrong type or a value outside an
-enum fails with a message that names the key, the valid choices and the value received.
-
-This module imports no JAX, so sandbox workers and tools can read configs cheaply.
+Frozen dataclasses; an invalid value fails in `__post_init__` naming the key, the value and what
+is allowed. No JAX imports.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import types
 import typing
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from jaxrl.data.config import DataConfig
-from jaxrl.train.config import TrainConfig
+from jaxrl.config.base import (
+    ConfigError,
+    DTypeName,
+    check_choice,
+    check_positive,
+    validate_literals,
+)
 
-DTypeName = Literal["float32", "bfloat16", "float16"]
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
 Architecture = Literal["llama", "qwen2", "qwen3"]
 KVLayout = Literal["contiguous", "paged"]
-
-
-class ConfigError(ValueError):
-    """A config value, key or file is invalid; the message says which and what is allowed."""
-
-
-def _check_choice(owner: str, name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise ConfigError(
-            f"{owner}.{name}: invalid value {value!r}; valid choices: {list(choices)}"
-        )
-
-
-def _check_positive(owner: str, **values: Any) -> None:
-    for name, value in values.items():
-        if value is not None and value <= 0:
-            raise ConfigError(f"{owner}.{name}: must be > 0, got {value!r}")
-
-
-def _literal_choices(tp: Any) -> tuple | None:
-    if typing.get_origin(tp) is Literal:
-        return typing.get_args(tp)
-    return None
-
-
-def validate_literals(obj: Any) -> None:
-    """Check every `Literal[...]` field of a dataclass instance against its choices."""
-    hints = typing.get_type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        choices = _literal_choices(hints[f.name])
-        if choices is not None:
-            _check_choice(type(obj).__name__, f.name, getattr(obj, f.name), choices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +60,7 @@ class ModelConfig:
 
     def __post_init__(self):
         validate_literals(self)
-        _check_positive(
+        check_positive(
             "model",
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
@@ -188,9 +154,9 @@ class GenerateConfig:
     page_size: int = 16  # positions per page (kv_layout="paged"; the GPU kernel needs 2^k >= 16)
 
     def __post_init__(self):
-        _check_choice("generate", "kv_layout", self.kv_layout, typing.get_args(KVLayout))
+        check_choice("generate", "kv_layout", self.kv_layout, typing.get_args(KVLayout))
         validate_literals(self) if self.dtype is not None else None
-        _check_positive("generate", num_slots=self.num_slots, chunk_steps=self.chunk_steps,
+        check_positive("generate", num_slots=self.num_slots, chunk_steps=self.chunk_steps,
                         page_size=self.page_size)
         if self.max_len < 0:
             raise ConfigError(f"generate.max_len: must be >= 0 (0 = automatic), got {self.max_len}")
@@ -216,10 +182,19 @@ class RewardsConfig:
         validate_literals(self)
         if self.num_workers < 0:
             raise ConfigError(f"rewards.num_workers: must be >= 0, got {self.num_workers}")
-        _check_positive("rewards", timeout_s=self.timeout_s, scorer_workers=self.scorer_workers)
+        check_positive("rewards", timeout_s=self.timeout_s, scorer_workers=self.scorer_workers)
 
 
 PipelineMode = Literal["sync", "periodic", "async", "inflight"]
+PIPELINE_MODES: tuple[str, ...] = typing.get_args(PipelineMode)
+
+
+def ahead_for(mode: str, max_staleness: int) -> int:
+    """How many policy versions the generator may run ahead of the trainer in `mode`: 0 for
+    `sync`, 1 for `periodic`, `max_staleness` for `async` and `inflight` (the run needs >= 1 there,
+    which `PipelineConfig` checks; the planner also models k = 0)."""
+    check_choice("pipeline", "mode", mode, PIPELINE_MODES)
+    return {"sync": 0, "periodic": 1}.get(mode, max_staleness)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,11 +208,10 @@ class PipelineConfig:
     stale_policy: Literal["drop", "downweight"] = "drop"
     stale_weight: float = 0.5
     max_oversample_rounds: int = 2  # extra prompt draws to replace zero-variance groups
-    log_every: int = 1
 
     def __post_init__(self):
         validate_literals(self)
-        _check_positive("pipeline", steps=self.steps, log_every=self.log_every)
+        check_positive("pipeline", steps=self.steps)
         if self.max_staleness < 0 or self.max_oversample_rounds < 0:
             raise ConfigError(
                 f"pipeline: max_staleness and max_oversample_rounds must be >= 0, got "
@@ -277,143 +251,3 @@ class DistConfig:
                 )
 
 
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """One experiment: every section, with defaults for the CPU demo."""
-
-    name: str = "default"
-    seed: int = 0
-    run_dir: str = "runs"
-    init: str | None = None  # local HF directory to start from; None = random init (+ SFT)
-    tokenizer: str = "char"  # "char" or a local HF tokenizer directory
-    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
-    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-    data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    generate: GenerateConfig = dataclasses.field(default_factory=GenerateConfig)
-    rewards: RewardsConfig = dataclasses.field(default_factory=RewardsConfig)
-    pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
-    dist: DistConfig = dataclasses.field(default_factory=DistConfig)
-
-    @property
-    def path(self) -> Path:
-        return Path(self.run_dir) / self.name
-
-
-# ----------------------------------------------------------------------------- overrides
-
-
-def _strip_optional(tp: Any) -> tuple[Any, bool]:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) < len(typing.get_args(tp)) and len(args) == 1:
-            return args[0], True
-    return tp, False
-
-
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
-
-def parse_value(key: str, text: str, tp: Any) -> Any:
-    """Parse `text` as a value of type `tp` for `key`, or raise ConfigError."""
-    inner, optional = _strip_optional(tp)
-    if optional and text.strip().lower() in ("none", "null"):
-        return None
-    choices = _literal_choices(inner)
-    if choices is not None:
-        if text not in [str(c) for c in choices]:
-            raise ConfigError(f"--{key}: invalid value {text!r}; valid choices: {list(choices)}")
-        return next(c for c in choices if str(c) == text)
-    if inner is bool:
-        low = text.strip().lower()
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-        raise ConfigError(f"--{key}: expected a boolean (true/false), got {text!r}")
-    if inner in (int, float, str):
-        if inner is str:
-            return text
-        try:
-            return inner(text)
-        except ValueError:
-            raise ConfigError(f"--{key}: expected {inner.__name__}, got {text!r}") from None
-    if typing.get_origin(inner) is tuple:
-        args = typing.get_args(inner)
-        elem = args[0] if args else str
-        parts = [p for p in text.replace("x", ",").strip("()[] ").split(",") if p.strip()]
-        if elem is str:
-            parts = [p for p in text.strip("()[] ").split(",") if p.strip()]
-        return tuple(parse_value(key, p.strip(), elem) for p in parts)
-    if dataclasses.is_dataclass(inner):
-        raise ConfigError(f"--{key}: is a section; set its fields, e.g. --{key}.<field>=...")
-    raise ConfigError(f"--{key}: cannot parse values of type {inner!r}")
-
-
-def _field_map(obj: Any) -> dict[str, tuple[dataclasses.Field, Any]]:
-    hints = typing.get_type_hints(type(obj))
-    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(obj)}
-
-
-def apply_override(cfg: Any, key: str, text: str, _prefix: str = "") -> Any:
-    """Return a copy of `cfg` with the dotted `key` set from `text`."""
-    head, _, rest = key.partition(".")
-    full = _prefix + head
-    fields = _field_map(cfg)
-    if head not in fields:
-        raise ConfigError(
-            f"--{_prefix}{key}: unknown key {head!r} in {type(cfg).__name__}; "
-            f"valid keys: {sorted(fields)}"
-        )
-    _, tp = fields[head]
-    current = getattr(cfg, head)
-    if rest:
-        inner, _ = _strip_optional(tp)
-        if not dataclasses.is_dataclass(inner):
-            raise ConfigError(f"--{_prefix}{key}: {full!r} is a value, not a section")
-        if current is None:
-            current = inner()
-        new = apply_override(current, rest, text, _prefix=full + ".")
-    else:
-        new = parse_value(full, text, tp)
-    try:
-        return dataclasses.replace(cfg, **{head: new})
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"--{_prefix}{key}={text}: {e}") from None
-
-
-def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
-    """Apply `--a.b=c` (or `a.b=c`) strings in order."""
-    for item in overrides:
-        body = item[2:] if item.startswith("--") else item
-        if "=" not in body:
-            raise ConfigError(f"override {item!r} must look like --key.sub=value")
-        key, text = body.split("=", 1)
-        cfg = apply_override(cfg, key.strip(), text)
-    return cfg
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None) -> Any:
-    """Load `config()` from an experiment file and apply overrides."""
-    path = Path(path)
-    if not path.is_file():
-        shipped = sorted(p.name for p in Path(__file__).parent.parent.glob("configs/*.py"))
-        raise ConfigError(f"config file {str(path)!r} not found; shipped configs: {shipped}")
-    spec = importlib.util.spec_from_file_location(f"_jaxrl_config_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not callable(getattr(module, "config", None)):
-        raise ConfigError(f"{path}: must define a function `config()` returning a RunConfig")
-    cfg = module.config()
-    if not dataclasses.is_dataclass(cfg):
-        raise ConfigError(f"{path}: config() returned {type(cfg).__name__}, not a config dataclass")
-    return apply_overrides(cfg, overrides or [])
-
-
-def to_dict(cfg: Any) -> dict:
-    """A JSON-friendly dict of a config (for run directories and cache keys)."""
-    return dataclasses.asdict(cfg)

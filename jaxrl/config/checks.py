@@ -1,0 +1,61 @@
+"""Checks that span config sections, in one place. `RunConfig` runs them on construction (so a
+config file, an override or `dataclasses.replace` that breaks one fails before any work), and
+`jaxrl.run` runs `check_model_lengths` again once the model and the prompts are known.
+
+Each failure names every key involved and how to fix it.
+"""
+
+from __future__ import annotations
+
+from jaxrl.config.base import ConfigError
+
+
+def check_run(cfg) -> None:
+    """Everything that can be checked from the config alone."""
+    train, pipe, data, gen = cfg.train, cfg.pipeline, cfg.data, cfg.generate
+    if train.schedule == "cosine" and train.total_steps < pipe.steps:
+        raise ConfigError(
+            f"train.schedule='cosine' with train.total_steps={train.total_steps} ends before the "
+            f"run's pipeline.steps={pipe.steps} (the learning rate would sit at its floor for the "
+            f"rest); set --train.total_steps={pipe.steps}")
+    if train.kl_coef > 0:
+        raise ConfigError(
+            f"train.kl_coef={train.kl_coef} needs a frozen reference policy, which jaxrl.run does "
+            "not build yet; set --train.kl_coef=0 (the Trainer API takes ref_params directly)")
+    rollouts = data.prompts_per_step * data.group_size
+    if train.micro_batches > rollouts:
+        raise ConfigError(
+            f"train.micro_batches={train.micro_batches} is more than the rollouts per step "
+            f"(data.prompts_per_step x data.group_size = {rollouts}): some micro-batches would be "
+            f"empty; use --train.micro_batches<={rollouts}")
+    n = cfg.dist.num_processes
+    if n and data.prompts_per_step % n:
+        raise ConfigError(
+            f"data.prompts_per_step={data.prompts_per_step} must be a multiple of "
+            f"dist.num_processes={n}: each process draws an equal share")
+    if cfg.init is None:
+        check_model_lengths(cfg, cfg.model)
+    if gen.max_len and gen.max_len <= data.max_new_tokens:
+        raise ConfigError(
+            f"generate.max_len={gen.max_len} leaves no room for a prompt before "
+            f"data.max_new_tokens={data.max_new_tokens}; raise generate.max_len or set it to 0 "
+            "(automatic)")
+
+
+def check_model_lengths(cfg, model_cfg, max_prompt: int = 1) -> None:
+    """Prompt plus response (and the SFT rows) fit the model's positions."""
+    limit = model_cfg.max_position_embeddings
+    need = max_prompt + cfg.data.max_new_tokens
+    if need > limit:
+        raise ConfigError(
+            f"a prompt of {max_prompt} tokens plus data.max_new_tokens={cfg.data.max_new_tokens} "
+            f"is {need} positions, more than the model's max_position_embeddings={limit}; lower "
+            "data.max_new_tokens or use shorter prompts")
+    if cfg.generate.max_len > limit:
+        raise ConfigError(
+            f"generate.max_len={cfg.generate.max_len} is more than the model's "
+            f"max_position_embeddings={limit}; set --generate.max_len<={limit} or 0 (automatic)")
+    if cfg.data.sft.steps and cfg.data.sft.max_len > limit:
+        raise ConfigError(
+            f"data.sft.max_len={cfg.data.sft.max_len} is more than the model's "
+            f"max_position_embeddings={limit}; set --data.sft.max_len<={limit}")

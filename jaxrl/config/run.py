@@ -1,0 +1,46 @@
+"""`RunConfig`: one experiment, every section (checks that span sections: `jaxrl.config.checks`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from jaxrl.config.checks import check_run
+from jaxrl.config.data import DataConfig
+from jaxrl.config.sections import (
+    DistConfig,
+    GenerateConfig,
+    MeshConfig,
+    ModelConfig,
+    PipelineConfig,
+    RewardsConfig,
+)
+from jaxrl.config.train import TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One experiment: every section, with defaults for the CPU demo."""
+
+    name: str = "default"
+    seed: int = 0
+    run_dir: str = "runs"
+    init: str | None = None  # local HF directory to start from; None = random init (+ SFT)
+    tokenizer: str = "char"  # "char" or a local HF tokenizer directory
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    generate: GenerateConfig = dataclasses.field(default_factory=GenerateConfig)
+    rewards: RewardsConfig = dataclasses.field(default_factory=RewardsConfig)
+    pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
+    dist: DistConfig = dataclasses.field(default_factory=DistConfig)
+
+    def __post_init__(self):
+        check_run(self)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.run_dir) / self.name
+
+
