@@ -1,39 +1,30 @@
-"""The `code_tests` reward: run a completion's code against test cases in the sandbox pool.
+"""The `code_tests` reward: run a completion's code against its tests in the sandbox pool.
 
-Trust boundary: test *inputs* go into the sandbox, expected *outputs* never do. The sandboxed
-program only runs the candidate on the inputs and prints what it produced; the verdict is taken on
-the trusted side by comparing those values with the expected ones. Nothing the candidate can do
-inside the sandbox (exit(0), os._exit(0), patched builtins, an object whose `__eq__` is always True,
-printing fake result lines) can make a wrong value compare equal, because the comparison happens
-here, between plain data parsed with `ast.literal_eval`. The exit status is never a verdict.
+One sandbox job per completion runs the two-process harness of `code_harness`: the candidate's
+code runs in a fresh interpreter that only computes values, and a clean judge process, which never
+loads the candidate's code, runs the test code (with proxies standing in for the candidate's
+functions), compares, and writes the verdicts on a channel the candidate cannot reach. The
+trusted side here only counts `<index> pass|fail` lines. Test formats: see `code_formats`
+(HumanEval, MBPP, stdin/stdout pairs as in APPS / CodeContests / LiveCodeBench, function calls,
+assert lists). The exit status is never a verdict.
 
-Test formats (the `tests` example field; a JSON string of any of these is accepted too):
-  * stdin/stdout:  [{"input": "1 2\\n", "output": "3\\n"}, ...]   (keys stdin/stdout also work)
-    One sandbox job per case; stdout is compared line by line, trailing whitespace ignored.
-  * function call: [{"fn": "add", "args": [1, 2], "kwargs": {}, "expected": 3}, ...]
-  * asserts:       ["assert add(1, 2) == 3", ...]  -> the left side runs in the sandbox, the
-    literal right side is the expected value (also `assert f(x)` / `assert not f(x)`).
-  * APPS style:    {"inputs": [...], "outputs": [...], "fn_name": "f"?}
-  Function and assert cases of one completion share one sandbox job: a harness loads the code once
-  and prints one `<nonce> <index> value <repr>` line per case. Several of the same index (forged
-  lines) fail that case.
+`TestCase`, `harness_source`, `parse_harness_output` and `values_equal` are the older
+single-process harness, kept for `jaxrl.data.pysynth` (its own tests compare values on the
+trusted side); `code_tests` no longer uses them.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import json
 import math
 import re
-import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxrl.rewards.types import SandboxJob, SandboxResult
+from jaxrl.rewards import code_formats, code_harness
+from jaxrl.rewards.types import MAX_CODE_BYTES, SandboxJob
 
 MODES = ("fraction", "all")
-_MAX_VALUE_CHARS = 1 << 20
 _CODE_BLOCK_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
@@ -54,102 +45,6 @@ def extract_code(completion: str) -> str:
     """The last fenced code block (```python ... ```) of a completion, else the whole text."""
     blocks = _CODE_BLOCK_RE.findall(completion)
     return blocks[-1] if blocks else completion
-
-
-def _from_assert(src: str) -> list[TestCase]:
-    try:
-        tree = ast.parse(src)
-    except SyntaxError as e:
-        raise ValueError(f"test assert does not parse: {src[:200]!r} ({e})") from None
-    cases = []
-    for node in tree.body:
-        if not isinstance(node, ast.Assert):
-            raise ValueError(
-                f"test code must be assert statements only, got: {ast.unparse(node)!r}"
-            )
-        t = node.test
-        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq | ast.Is):
-            left, right = t.left, t.comparators[0]
-            for run, lit in ((left, right), (right, left)):
-                try:
-                    expected = ast.literal_eval(lit)
-                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                    continue
-                cases.append(TestCase("expr", expected, expr=ast.unparse(run)))
-                break
-            else:
-                raise ValueError(f"assert needs a literal on one side of ==: {ast.unparse(t)!r}")
-        elif isinstance(t, ast.Call):
-            cases.append(TestCase("expr", True, expr=f"bool({ast.unparse(t)})"))
-        elif (
-            isinstance(t, ast.UnaryOp)
-            and isinstance(t.op, ast.Not)
-            and isinstance(t.operand, ast.Call)
-        ):
-            cases.append(TestCase("expr", False, expr=f"bool({ast.unparse(t.operand)})"))
-        else:
-            raise ValueError(
-                f"unsupported assert {ast.unparse(t)!r}: use `assert <expr> == <literal>`, "
-                "`assert f(...)` or `assert not f(...)` (the expected value must stay outside "
-                "the sandbox)"
-            )
-    return cases
-
-
-def parse_tests(tests: Any) -> list[TestCase]:
-    """Normalises the `tests` field (formats in the module docstring) to a list of TestCase."""
-    if isinstance(tests, str):
-        stripped = tests.strip()
-        tests = json.loads(stripped) if stripped[:1] in "[{" else [stripped]
-    if isinstance(tests, Mapping):
-        if "inputs" not in tests or "outputs" not in tests:
-            raise ValueError(
-                f"a dict of tests needs 'inputs' and 'outputs', got keys {sorted(tests)}"
-            )
-        ins, outs, fn = tests["inputs"], tests["outputs"], tests.get("fn_name")
-        if len(ins) != len(outs):
-            raise ValueError(f"tests have {len(ins)} inputs but {len(outs)} outputs")
-        if fn:
-            return [
-                TestCase("call", o, fn=fn, args=tuple(i if isinstance(i, list) else [i]))
-                for i, o in zip(ins, outs, strict=True)
-            ]
-        return [TestCase("stdio", _join(o), stdin=_join(i)) for i, o in zip(ins, outs, strict=True)]
-    if not isinstance(tests, Sequence) or not tests:
-        raise ValueError(
-            f"tests must be a non-empty list (or dict/JSON string), got {tests!r:.200}"
-        )
-    cases: list[TestCase] = []
-    for t in tests:
-        if isinstance(t, str):
-            cases.extend(_from_assert(t))
-        elif isinstance(t, Mapping) and ("input" in t or "stdin" in t):
-            out = t.get("output", t.get("stdout"))
-            if out is None:
-                raise ValueError(f"stdin test needs 'output' (or 'stdout'); got keys {sorted(t)}")
-            cases.append(TestCase("stdio", _join(out), stdin=_join(t.get("input", t.get("stdin")))))
-        elif isinstance(t, Mapping) and "fn" in t and "expected" in t:
-            cases.append(
-                TestCase(
-                    "call",
-                    t["expected"],
-                    fn=str(t["fn"]),
-                    args=tuple(t.get("args", ())),
-                    kwargs=dict(t.get("kwargs", {})),
-                )
-            )
-        else:
-            raise ValueError(
-                f"unrecognised test case {t!r:.200}: expected {{'input', 'output'}}, "
-                "{'fn', 'args', 'expected'} or an assert string"
-            )
-    if not cases:
-        raise ValueError("no test cases")
-    return cases
-
-
-def _join(x: Any) -> str:
-    return "\n".join(map(str, x)) if isinstance(x, list) else str(x)
 
 
 # --- in-sandbox harness ---------------------------------------------------------------
@@ -264,26 +159,14 @@ def values_equal(actual: Any, expected: Any, rel_tol: float = 1e-9, abs_tol: flo
     return type(actual) is type(expected) and actual == expected
 
 
-def _value_passes(entry: tuple[str, str] | None, expected: Any) -> bool:
-    if entry is None or entry[0] != "value" or len(entry[1]) > _MAX_VALUE_CHARS:
-        return False
-    try:
-        actual = ast.literal_eval(entry[1])
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
-    return values_equal(actual, expected)
-
-
 def normalize_stdout(text: str) -> str:
     """Lines with trailing whitespace removed; leading/trailing blank lines dropped."""
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()).strip("\n")
 
 
-def _stdio_passes(result: SandboxResult, expected: str) -> bool:
-    # The status only rules out runs that broke a limit; "ok" vs "error" (exit code) is no verdict.
-    if result.status not in ("ok", "error"):
-        return False
-    return normalize_stdout(result.stdout) == normalize_stdout(expected)
+# --- batch scoring -----------------------------------------------------------------------------
+
+
 
 
 # --- batch scoring -----------------------------------------------------------------------------
@@ -296,13 +179,14 @@ def code_tests_batch(
     mode: str = "fraction",
     test_timeout_s: float = 5.0,
     memory_mb: int = 512,
-    max_job_timeout_s: float = 60.0,
+    max_job_timeout_s: float = 120.0,
 ) -> list[float | Exception]:
-    """Scores many completions with ONE `pool.run` call. Per item: the fraction of tests passed
-    (mode="fraction") or 1.0 only if all pass (mode="all"); a bad test spec gives its exception.
+    """Scores many completions with ONE `pool.run` call (one job per completion). Per item: the
+    fraction of test cases passed (mode="fraction") or 1.0 only if all pass (mode="all"); a bad
+    test spec gives its exception.
 
-    `test_timeout_s` bounds each stdin test; a harness job gets that per case, at most
-    `max_job_timeout_s`.
+    `test_timeout_s` bounds each case (a stdin run, an assert, a HumanEval `check`); the job gets
+    that per case plus the candidate's start-up, at most `max_job_timeout_s`.
     """
     if mode not in MODES:
         raise ValueError(f"code_tests mode must be one of {MODES}, got {mode!r}")
@@ -310,57 +194,32 @@ def code_tests_batch(
         raise ValueError("code_tests needs a sandbox pool: pass pool=LocalSandboxPool(...)")
     out: list[float | Exception] = [0.0] * len(items)
     jobs: list[SandboxJob] = []
-    plan: list[tuple[int, str, Any]] = []  # (item, "stdio"|"harness", payload) per job
-    totals: list[int] = [0] * len(items)
+    plan: list[tuple[int, int]] = []  # (item, number of cases) per job
     for k, item in enumerate(items):
+        code = extract_code(str(item.get("completion", "")))
         try:
-            cases = parse_tests(item["tests"])
-        except KeyError:
-            out[k] = ValueError(f"item has no 'tests' field; fields: {sorted(item)}")
-            continue
+            spec = code_formats.build_spec(item, code, timeout_s=test_timeout_s)
+            src = code_harness.judge_source(spec)
+            if len(src) > MAX_CODE_BYTES:
+                raise ValueError(f"tests + code make a {len(src)}-char job, over the sandbox's "
+                                 f"{MAX_CODE_BYTES}")
         except Exception as e:  # noqa: BLE001 - a bad spec is this item's error only
             out[k] = e
             continue
-        code = extract_code(str(item.get("completion", "")))
-        totals[k] = len(cases)
-        for c in cases:
-            if c.kind == "stdio":
-                jobs.append(
-                    SandboxJob(
-                        code=code, stdin=c.stdin, timeout_s=test_timeout_s, memory_mb=memory_mb
-                    )
-                )
-                plan.append((k, "stdio", c.expected))
-        fn_cases = [c for c in cases if c.kind != "stdio"]
-        if fn_cases:
-            nonce = secrets.token_hex(16)
-            job_timeout = min(max_job_timeout_s, test_timeout_s * len(fn_cases))
-            jobs.append(
-                SandboxJob(
-                    code=harness_source(code, fn_cases, nonce),
-                    timeout_s=job_timeout,
-                    memory_mb=memory_mb,
-                )
-            )
-            plan.append((k, "harness", (nonce, fn_cases)))
+        n = len(spec["cases"])
+        timeout = min(max_job_timeout_s, test_timeout_s * (n + 1) + 2.0)
+        jobs.append(SandboxJob(code=src, timeout_s=timeout, memory_mb=memory_mb))
+        plan.append((k, n))
     if not jobs:
         return out
     results = pool.run(jobs)
     if len(results) != len(jobs):
         raise RuntimeError(f"pool returned {len(results)} results for {len(jobs)} jobs")
-    passed = [0] * len(items)
-    for (k, kind, payload), res in zip(plan, results, strict=True):
-        if kind == "stdio":
-            passed[k] += _stdio_passes(res, payload)
-        else:
-            nonce, fn_cases = payload
-            entries = parse_harness_output(res.stdout, nonce, len(fn_cases))
-            passed[k] += sum(
-                _value_passes(e, c.expected) for e, c in zip(entries, fn_cases, strict=True)
-            )
-    for k in range(len(items)):
-        if isinstance(out[k], Exception) or totals[k] == 0:
+    for (k, n), res in zip(plan, results, strict=True):
+        passed, setup_error = code_harness.parse_verdicts(res.stdout, n)
+        if setup_error is not None:
+            out[k] = ValueError(f"the item's test setup code failed: {setup_error}")
             continue
-        frac = passed[k] / totals[k]
-        out[k] = float(frac) if mode == "fraction" else float(passed[k] == totals[k])
+        frac = sum(passed) / n
+        out[k] = float(frac) if mode == "fraction" else float(all(passed))
     return out

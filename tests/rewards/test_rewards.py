@@ -275,29 +275,29 @@ def test_killable_workers_recover_from_crash_and_memory(workers):
 # --- code_tests: parsing and comparison (no sandbox) -------------------------------------------
 
 
-def test_parse_tests_formats():
-    cases = ct.parse_tests(["assert add(1, 2) == 3", "assert is_ok(1)\nassert not is_ok(0)"])
-    assert [(c.kind, c.expr, c.expected) for c in cases] == [
-        ("expr", "add(1, 2)", 3),
-        ("expr", "bool(is_ok(1))", True),
-        ("expr", "bool(is_ok(0))", False),
-    ]
-    apps = ct.parse_tests('{"inputs": ["1 2"], "outputs": ["3"]}')
-    assert apps[0].kind == "stdio" and apps[0].stdin == "1 2" and apps[0].expected == "3"
-    fn = ct.parse_tests({"inputs": [[1, 2]], "outputs": [3], "fn_name": "add"})
-    assert fn[0].kind == "call" and fn[0].args == (1, 2)
-    with pytest.raises(ValueError, match="literal"):
-        ct.parse_tests(["assert add(1, 2) == add(2, 1)"])
-    with pytest.raises(ValueError, match="unsupported assert"):
-        ct.parse_tests(["assert abs(f(1) - 3.0) < 1e-6"])
+def test_build_spec_formats():
+    from jaxrl.rewards.code_formats import build_spec
+
+    spec = build_spec({"tests": ["assert add(1, 2) == 3", "assert is_ok(1)\nassert not is_ok(0)"]},
+                      "", timeout_s=1)
+    assert [c["src"] for c in spec["cases"]] == [
+        "assert add(1, 2) == 3", "assert is_ok(1)", "assert not is_ok(0)"]
+    apps = build_spec({"tests": '{"inputs": ["1 2"], "outputs": ["3"]}'}, "", timeout_s=1)
+    assert apps["cases"] == [{"k": "stdio", "stdin": "1 2", "expected": "3"}]
+    fn = build_spec({"tests": {"inputs": [[1, 2]], "outputs": [3], "fn_name": "add"}}, "",
+                    timeout_s=1)
+    assert fn["cases"][0]["k"] == "call" and fn["cases"][0]["args"] == ["l", [1, 2]]
+    # Any assert form is accepted now (it runs in the clean judge process).
+    build_spec({"tests": ["assert abs(f(1) - 3.0) < 1e-6"]}, "", timeout_s=1)
+    with pytest.raises(ValueError, match="does not parse"):
+        build_spec({"tests": ["assert f(1) =="]}, "", timeout_s=1)
     with pytest.raises(ValueError, match="unrecognised test case"):
-        ct.parse_tests([{"foo": 1}])
+        build_spec({"tests": [{"foo": 1}]}, "", timeout_s=1)
 
 
-def test_expected_values_never_enter_the_sandbox():
-    cases = ct.parse_tests(
-        ["assert add(1, 2) == 987654321", {"fn": "f", "args": [5], "expected": "SECRET"}]
-    )
+def test_legacy_harness_keeps_expected_values_out():  # the single-process harness pysynth uses
+    cases = [ct.TestCase("expr", 987654321, expr="add(1, 2)"),
+             ct.TestCase("call", "SECRET", fn="f", args=(5,))]
     src = ct.harness_source("def add(a, b): return a + b", cases, "n0nce")
     assert "987654321" not in src and "SECRET" not in src and "add(1, 2)" in src
 
@@ -401,14 +401,14 @@ class _CountingPool:
 def test_code_tests_batch_is_one_pool_call(pool, workers):
     counting = _CountingPool(pool)
     items = [
-        {"completion": ADD_OK, "tests": ADD_TESTS},  # one harness job
-        {"completion": SUM_STDIN, "tests": STDIN_TESTS},  # one job per stdin test
+        {"completion": ADD_OK, "tests": ADD_TESTS},  # one judge job per completion
+        {"completion": SUM_STDIN, "tests": STDIN_TESTS},
         {"completion": ADD_BAD, "tests": ADD_TESTS},
     ]
     spec = RewardSpec.from_weights({"code_tests": 1.0, "math_answer": 0.0})
     with RewardScorer(spec, pool=counting, workers=workers) as scorer:
         out = scorer.score_batch(items)
-    assert counting.calls == [4]
+    assert counting.calls == [3]
     assert out.components["code_tests"] == [1.0, 0.5, 0.5]
 
 
