@@ -1,7 +1,8 @@
 """Arithmetic word problems with exact answers (math reward), tiny model on CPU."""
 
 from jaxrl.config import GenerateConfig, PipelineConfig, RunConfig
-from jaxrl.data.config import DataConfig, SFTConfig, tiny_task_model_config
+from jaxrl.data.config import DataConfig, SFTConfig
+from jaxrl.presets import tiny_task_model_config
 from jaxrl.train.config import TrainConfig
 
 

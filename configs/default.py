@@ -5,7 +5,8 @@ The warm start is deliberately short (held-out pass@1 ~0.15) so RL has room to s
 """
 
 from jaxrl.config import GenerateConfig, PipelineConfig, RunConfig
-from jaxrl.data.config import DataConfig, SFTConfig, tiny_task_model_config
+from jaxrl.data.config import DataConfig, SFTConfig
+from jaxrl.presets import tiny_task_model_config
 from jaxrl.train.config import TrainConfig
 
 

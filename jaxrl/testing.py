@@ -1,24 +1,22 @@
-"""Fixtures for tests and examples: tiny configs, tiny Hugging Face models, mesh helpers."""
+"""Fixtures for tests and examples: the tiny model config, tiny Hugging Face models.
+
+Production code never imports this module (tests/test_production_imports.py checks): the named model shapes
+live in `jaxrl.presets`, re-exported here for the tests.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from jaxrl.config import MeshConfig, ModelConfig
+from jaxrl.presets import tiny_model_config
+
+__all__ = ["TINY_HF_KW", "make_hf_model", "tiny_model_config"]
 
 TINY_HF_KW = dict(
     vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
     rms_norm_eps=1e-6, rope_theta=10000.0,
 )
-
-
-def tiny_model_config(**overrides) -> ModelConfig:
-    """A 2-layer model small enough for unit tests (vocab fits the char tokenizer)."""
-    base = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
-                num_heads=4, num_kv_heads=2, architecture="qwen2", qkv_bias=True)
-    base.update(overrides)
-    return ModelConfig(**base)
 
 
 def make_hf_model(arch: str, path: str | Path | None = None, seed: int = 0, **overrides):
@@ -53,7 +51,3 @@ def make_hf_model(arch: str, path: str | Path | None = None, seed: int = 0, **ov
     if path is not None:
         model.save_pretrained(str(path), safe_serialization=True)
     return model
-
-
-def mesh_config_4x4(trainer=(4, 1), generator=(4, 1)) -> MeshConfig:
-    return MeshConfig(trainer=trainer, generator=generator)

@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
 
         model_cfg = bench_model_config(argparse.Namespace(seq=512, dtype="float32"))
     else:
-        from jaxrl.testing import tiny_model_config
+        from jaxrl.presets import tiny_model_config
 
         model_cfg = tiny_model_config()
     # one client's devices: resharding between devices, not between CPU clients (jaxrl/cpu.py)

@@ -74,7 +74,7 @@ def build(args: argparse.Namespace):
         prefill_mesh = generate_mesh
     if args.model == "tiny":
         from jaxrl.models import create_model
-        from jaxrl.testing import tiny_model_config
+        from jaxrl.presets import tiny_model_config
 
         model = create_model(tiny_model_config(), mesh=generate_mesh, role="generator")
         tok_path = args.tokenizer or "char"

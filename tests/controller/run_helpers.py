@@ -2,8 +2,9 @@
 
 import dataclasses
 
-from jaxrl.config import GenerateConfig, MeshConfig, ModelConfig, PipelineConfig, RunConfig
+from jaxrl.config import GenerateConfig, MeshConfig, PipelineConfig, RunConfig
 from jaxrl.data.config import DataConfig, SFTConfig
+from jaxrl.presets import tiny_model_config
 from jaxrl.train.config import TrainConfig
 
 
@@ -11,8 +12,8 @@ def tiny_run_config(tmp_path, name="t", **sections) -> RunConfig:
     cfg = RunConfig(
         name=name,
         run_dir=str(tmp_path / "runs"),
-        model=ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2,
-                          num_heads=2, num_kv_heads=1, qkv_bias=True),
+        model=tiny_model_config(hidden_size=32, intermediate_size=64, num_heads=2,
+                                num_kv_heads=1),
         mesh=MeshConfig(trainer=(1, 1), generator=(1, 1)),
         train=TrainConfig(lr=1e-3, logprob_chunk=32, checkpoint_every=2),
         data=DataConfig(task="pysynth", difficulty=0, prompts_per_step=4, group_size=4,
