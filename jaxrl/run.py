@@ -71,7 +71,7 @@ def _truncate_metrics(run_dir: Path, from_step: int) -> None:
 
 def _initial_params(cfg: RunConfig, meshes, tokenizer, task, model_cfg):
     """Params on the trainer mesh: HF weights, or random init + (cached) SFT warm start."""
-    from jaxrl.data.sft import warm_start
+    from jaxrl.train.sft import warm_start
     from jaxrl.train.state import params_from_model
 
     if cfg.init:
@@ -96,7 +96,7 @@ def _initial_params(cfg: RunConfig, meshes, tokenizer, task, model_cfg):
 
 def _check_sft_cached(cfg: RunConfig, model_cfg, tokenizer) -> None:
     """Several processes read the SFT warm start from its cache; they do not train it."""
-    from jaxrl.data.sft import cache_key
+    from jaxrl.train.sft import cache_key
 
     sft = cfg.data.sft
     if sft.steps == 0:
@@ -359,7 +359,7 @@ class Run:
                                               temperature=data.eval_temperature,
                                               seed=self.cfg.seed + step, index_offset=offset)
             from jaxrl.data.evaluate import evaluate
-            from jaxrl.data.sft import sft_model
+            from jaxrl.train.sft import sft_model
 
             model = sft_model(self.model_cfg, params or self.trainer.state.params)
             return evaluate(model, self.task, self.tokenizer, self.scorer, cfg=data,

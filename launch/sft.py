@@ -19,7 +19,7 @@ def main(argv: list[str]) -> None:
 
     from jaxrl.config import load_config
     from jaxrl.data.evaluate import evaluate
-    from jaxrl.data.sft import sft_model, warm_start
+    from jaxrl.train.sft import sft_model, warm_start
     from jaxrl.data.tasks import build_task
     from jaxrl.rewards import RewardScorer
     from jaxrl.rewards.pool import LocalSandboxPool

@@ -138,6 +138,31 @@ def policy_objective(
     return loss, stats
 
 
+def prepare_sft_targets(cfg: TrainConfig, batch: Batch) -> tuple[Targets, dict]:
+    """Supervised fine-tuning: the loss covers `batch.loss_mask` (the demonstration tokens)."""
+    num_tokens, num_seqs = A.batch_counts(batch.loss_mask)
+    adv_B = jnp.zeros(batch.rewards.shape, jnp.float32)
+    return Targets(adv_B=adv_B, mask_BT=batch.loss_mask, num_tokens=num_tokens,
+                   num_seqs=num_seqs), {}
+
+
+def sft_objective(cfg: TrainConfig, logp_BT, entropy_BT, batch: Batch, targets: Targets):
+    """Mean negative log-likelihood of the loss tokens, normalised by the WHOLE batch's token
+    count (so micro-batch losses sum to the full-batch loss):
+
+        loss = -sum_{b,t} mask_bt * log pi(y_bt | y_<bt) / max(sum mask, 1)
+    """
+    loss = -jnp.sum(logp_BT * targets.mask_BT) / jnp.maximum(targets.num_tokens, 1.0)
+    return loss, {"loss/total": loss}
+
+
+# name -> (batch-global targets, per-micro-batch loss); `make_train_step(objective=...)`
+OBJECTIVES = {
+    "policy": (prepare_targets, policy_objective),
+    "sft": (prepare_sft_targets, sft_objective),
+}
+
+
 # Statistics that are summed over micro-batches (the losses, already globally normalised);
 # keys ending in "_max" take the max; every other key is a token-weighted mean.
 SUMMED_STATS = ("loss/policy", "loss/kl", "loss/total")

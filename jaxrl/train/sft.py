@@ -7,7 +7,7 @@ A tiny model trained from scratch solves nothing, so every GRPO group would have
 variance. A few hundred supervised steps on the task's reference completions bring it to a solve
 rate where groups differ. The loss is the mean negative log-likelihood of the demonstration tokens
 (and EOS) given the prompt; it reuses `TrainState`, `make_optimizer` (AdamW, warmup + cosine) and
-the trainer's chunked log-probabilities, in one jitted step with the state donated.
+the trainer's own jitted step (`make_train_step(objective="sft")`, with its non-finite guard).
 
 Cache: `warm_start` stores the result under `<cache_dir>/sft-<key>/` where `key` hashes the model
 config, the task settings that shape the demonstrations (and the data files' sizes and mtimes),
@@ -29,27 +29,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
-from jaxrl.config import ModelConfig, to_dict
-from jaxrl.data.config import DataConfig
+from jaxrl.config import DataConfig, ModelConfig, TrainConfig, to_dict
 from jaxrl.data.pipeline import PromptIterator
 from jaxrl.data.tasks import Task, build_task, resolve_format
 from jaxrl.train.batch import Batch
-from jaxrl.train.config import TrainConfig
-from jaxrl.train.logprobs import model_logprobs
-from jaxrl.train.state import (
-    TrainState,
-    init_train_state,
-    make_optimizer,
-    model_graphdef,
-    train_state_shardings,
-)
-from jaxrl.train.step import batch_shardings
+from jaxrl.train.state import init_train_state, model_graphdef, train_state_shardings
+from jaxrl.train.step import make_train_step
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +50,11 @@ _SFT_NOT_IN_KEY = ("cache", "cache_dir", "log_every")
 
 
 def sft_train_config(sft) -> TrainConfig:
+    """The trainer settings of a warm start (the lm-head backward recomputes its softmax)."""
     return TrainConfig(lr=sft.lr, warmup_steps=min(sft.warmup_steps, max(sft.steps - 1, 0)),
                        schedule="cosine", total_steps=max(sft.steps, 1), min_lr_ratio=0.1,
-                       weight_decay=sft.weight_decay, max_grad_norm=1.0, seed=sft.seed)
+                       weight_decay=sft.weight_decay, max_grad_norm=1.0, seed=sft.seed,
+                       logprob_chunk=128, lm_head_keep_mb=0)
 
 
 def sft_rows(task: Task, records: Sequence[Mapping], tokenizer, prompt_format: str,
@@ -95,31 +86,6 @@ def sft_rows(task: Task, records: Sequence[Mapping], tokenizer, prompt_format: s
                  rewards=np.zeros((b,), np.float32), group_ids=np.arange(b, dtype=np.int32))
 
 
-def sft_loss(params, batch: Batch, *, graphdef):
-    """Mean negative log-likelihood of the loss-mask tokens (demonstration + EOS)."""
-    model = nnx.merge(graphdef, params)
-    logp_BT, _ = model_logprobs(model, batch, chunk=128)
-    n = jnp.maximum(jnp.sum(batch.loss_mask), 1.0)
-    return -jnp.sum(logp_BT * batch.loss_mask) / n
-
-
-def sft_step(state: TrainState, batch: Batch, *, graphdef, tx):
-    """One supervised update (pure)."""
-    loss, grads = jax.value_and_grad(functools.partial(sft_loss, graphdef=graphdef))(
-        state.params, batch)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    new = state.replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
-                        step=state.step + 1)
-    return new, {"sft/loss": loss, "sft/grad_norm": optax.global_norm(grads)}
-
-
-def make_sft_step(graphdef, tx, mesh: Mesh, state_shardings: TrainState, example: Batch):
-    rep = NamedSharding(mesh, PartitionSpec())
-    return jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx),
-                   in_shardings=(state_shardings, batch_shardings(example, mesh)),
-                   out_shardings=(state_shardings, rep), donate_argnums=0)
-
-
 def run_sft(model_cfg: ModelConfig, data_cfg: DataConfig, *, mesh: Mesh, tokenizer,
             task: Task | None = None, params: dict | None = None,
             on_log: Callable[[int, dict], None] | None = None) -> tuple[dict, dict]:
@@ -132,18 +98,15 @@ def run_sft(model_cfg: ModelConfig, data_cfg: DataConfig, *, mesh: Mesh, tokeniz
     train_cfg = sft_train_config(sft)
     graphdef, _ = model_graphdef(model_cfg, train_cfg)
     _, shardings = train_state_shardings(model_cfg, train_cfg, mesh)
-    tx = make_optimizer(train_cfg)
     state = init_train_state(model_cfg, train_cfg, mesh, params=params)
     it = PromptIterator(task.source("train"), prompts_per_step=sft.batch_size, seed=sft.seed,
                         epochs=0)
-    step_fns: dict = {}  # one jitted step per padded length
+    # the trainer's own jitted step (non-finite guard included) with the "sft" objective
+    step_fn = make_train_step(graphdef, train_cfg, mesh, shardings, objective="sft")
     losses, t0, pending = [], time.perf_counter(), None
     for step in range(1, sft.steps + 1):
         batch = sft_rows(task, next(it), tokenizer, fmt, sft.max_len)
-        if batch.tokens.shape not in step_fns:
-            step_fns[batch.tokens.shape] = make_sft_step(graphdef, tx, mesh, shardings, batch)
-        with jax.set_mesh(mesh):  # as in the train step (Pallas attention per shard)
-            state, metrics = step_fns[batch.tokens.shape](state, batch)
+        state, metrics = step_fn(state, batch)
         if pending is not None:  # read the previous step's metrics: no host sync per step
             _record(pending, losses, sft.log_every, on_log, sft.steps)
         pending = (step, metrics)
@@ -156,8 +119,9 @@ def run_sft(model_cfg: ModelConfig, data_cfg: DataConfig, *, mesh: Mesh, tokeniz
 def _record(pending, losses, every, on_log, last):
     step, metrics = pending
     if step % every == 0 or step == 1 or step == last:
-        m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        if not np.isfinite(m["sft/loss"]):
+        host = jax.device_get(metrics)
+        m = {"sft/loss": float(host["loss/total"]), "sft/grad_norm": float(host["train/grad_norm"])}
+        if not np.isfinite(m["sft/loss"]) or host["train/nonfinite"]:
             raise FloatingPointError(f"SFT loss is {m['sft/loss']} at step {step}; lower "
                                      "data.sft.lr")
         losses.append((step, m["sft/loss"]))

@@ -26,21 +26,16 @@ from jaxrl.sharding import logical_sharding
 from jaxrl.train.batch import Batch
 from jaxrl.train.config import TrainConfig
 from jaxrl.train.logprobs import model_logprobs
-from jaxrl.train.objective import (
-    Targets,
-    check_batch_for,
-    combine_stats,
-    policy_objective,
-    prepare_targets,
-)
-from jaxrl.train.state import TrainState, learning_rate_schedule
+from jaxrl.train.objective import OBJECTIVES, Targets, check_batch_for, combine_stats
+from jaxrl.train.state import TrainState, learning_rate_schedule, make_optimizer
 
 
-def _micro_loss(params, mb: Batch, tg: Targets, rope=None, *, graphdef, cfg: TrainConfig):
+def _micro_loss(params, mb: Batch, tg: Targets, rope=None, *, graphdef, cfg: TrainConfig,
+                objective: str = "policy"):
     model = nnx.merge(graphdef, params)
     logp_BT, ent_BT = model_logprobs(model, mb, chunk=cfg.logprob_chunk, remat=cfg.remat,
                                      keep_probs_mb=cfg.lm_head_keep_mb, rope=rope)
-    return policy_objective(cfg, logp_BT, ent_BT, mb, tg)
+    return OBJECTIVES[objective][1](cfg, logp_BT, ent_BT, mb, tg)
 
 
 def _split_micro(x, m: int):
@@ -48,9 +43,11 @@ def _split_micro(x, m: int):
     return x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
 
 
-def _grads_and_stats(params, batch: Batch, tg: Targets, *, graphdef, cfg: TrainConfig):
+def _grads_and_stats(params, batch: Batch, tg: Targets, *, graphdef, cfg: TrainConfig,
+                     objective: str = "policy"):
     grad_fn = jax.value_and_grad(
-        functools.partial(_micro_loss, graphdef=graphdef, cfg=cfg), has_aux=True
+        functools.partial(_micro_loss, graphdef=graphdef, cfg=cfg, objective=objective),
+        has_aux=True,
     )
     m = cfg.micro_batches
     if m == 1:
@@ -85,11 +82,15 @@ def _grads_and_stats(params, batch: Batch, tg: Targets, *, graphdef, cfg: TrainC
     return grads, stats
 
 
-def train_step(state: TrainState, batch: Batch, *, graphdef, cfg: TrainConfig, tx):
-    """One optimiser update from one batch (pure; see the module docstring)."""
-    check_batch_for(cfg, batch)
-    tg, stats = prepare_targets(cfg, batch)
-    grads, mstats = _grads_and_stats(state.params, batch, tg, graphdef=graphdef, cfg=cfg)
+def train_step(state: TrainState, batch: Batch, *, graphdef, cfg: TrainConfig, tx,
+               objective: str = "policy"):
+    """One optimiser update from one batch (pure; see the module docstring). `objective` names
+    the loss (`objective.OBJECTIVES`): the RL policy objective, or "sft" for the warm start."""
+    if objective == "policy":
+        check_batch_for(cfg, batch)
+    tg, stats = OBJECTIVES[objective][0](cfg, batch)
+    grads, mstats = _grads_and_stats(state.params, batch, tg, graphdef=graphdef, cfg=cfg,
+                                     objective=objective)
     stats.update(mstats)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     grad_norm = optax.global_norm(grads)
@@ -130,22 +131,29 @@ def trace_key(cfg: TrainConfig) -> TrainConfig:
     )
 
 
-# (graphdef, trace_key(cfg), mesh, layout) -> jitted step; re-created Trainers reuse it.
+# (graphdef, trace_key(cfg), mesh, optimizer, objective, layout) -> jitted step; re-created
+# Trainers reuse it. The optimizer part is "cfg" for `make_optimizer(cfg)` (its settings are in
+# the key already) and the transformation itself for any other.
 _JITTED: dict = {}
 
 
-def make_train_step(graphdef, cfg: TrainConfig, mesh: Mesh, state_shardings: TrainState, tx):
+def make_train_step(graphdef, cfg: TrainConfig, mesh: Mesh, state_shardings: TrainState,
+                    tx=None, *, objective: str = "policy"):
     """`step(state, batch) -> (state, metrics)`, jitted with explicit shardings, state donated.
 
     One jitted function per batch layout (which optional fields are present); each compiles once
-    per padded shape, so pad batches to a few shapes (`batch.padded_shape`). `tx` must be
-    `make_optimizer(cfg)` (the cache is keyed by cfg)."""
+    per padded shape, so pad batches to a few shapes (`batch.padded_shape`). `tx` defaults to
+    `make_optimizer(cfg)`; `objective` is "policy" (RL) or "sft"."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is not valid; choose one of {list(OBJECTIVES)}")
+    tx_key = "cfg" if tx is None else tx
+    tx = make_optimizer(cfg) if tx is None else tx
     rep = NamedSharding(mesh, PartitionSpec())
-    pure = functools.partial(train_step, graphdef=graphdef, cfg=cfg, tx=tx)
+    pure = functools.partial(train_step, graphdef=graphdef, cfg=cfg, tx=tx, objective=objective)
 
     def step(state: TrainState, batch: Batch):
         layout = tuple(f.name for f in dataclasses.fields(batch) if getattr(batch, f.name) is None)
-        key = (graphdef, trace_key(cfg), mesh, layout)
+        key = (graphdef, trace_key(cfg), mesh, tx_key, objective, layout)
         if key not in _JITTED:
             _JITTED[key] = jax.jit(
                 pure,

@@ -12,22 +12,19 @@ the host never waits on the step it just dispatched. A NaN/Inf loss or gradient 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxrl.config import ModelConfig
+from jaxrl.config import ModelConfig, TrainConfig
 from jaxrl.train.batch import Batch, check_batch, pad_batch, padded_shape
-from jaxrl.train.config import TrainConfig
 from jaxrl.train.flops import mfu, peak_flops, train_flops_per_token
 from jaxrl.train.logprobs import make_logprobs_fn
 from jaxrl.train.state import (
     TrainState,
     init_train_state,
-    make_optimizer,
     model_graphdef,
     train_state_shardings,
 )
@@ -57,7 +54,6 @@ class Trainer:
         self.model_cfg, self.cfg, self.mesh = model_cfg, train_cfg, mesh
         self.graphdef, _ = model_graphdef(model_cfg, train_cfg)
         self.abstract_state, self.shardings = train_state_shardings(model_cfg, train_cfg, mesh)
-        self.tx = make_optimizer(train_cfg)
         self.state = (
             state
             if state is not None
@@ -68,7 +64,7 @@ class Trainer:
             if ref_params is None:
                 raise ValueError("train.kl_coef > 0 needs ref_params (the reference policy)")
             self.ref_params = jax.device_put(ref_params, self.shardings.params)
-        self._step = make_train_step(self.graphdef, train_cfg, mesh, self.shardings, self.tx)
+        self._step = make_train_step(self.graphdef, train_cfg, mesh, self.shardings)
         self._logprobs = make_logprobs_fn(self.graphdef, chunk=train_cfg.logprob_chunk)
         self.max_len = max_len
         self.row_multiple = train_cfg.micro_batches * mesh.shape["fsdp"]
@@ -156,7 +152,3 @@ class Trainer:
     def replace_state(self, state: TrainState) -> None:
         self._pending = None
         self.state = state
-
-    @property
-    def config(self):
-        return dataclasses.replace(self.cfg)

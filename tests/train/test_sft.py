@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl.data import sft as sft_mod
+from jaxrl.train import sft as sft_mod
 from jaxrl.data.config import DataConfig, SFTConfig
 from jaxrl.data.tasks import build_task
 from jaxrl.sharding import make_mesh
