@@ -63,3 +63,26 @@ def test_pipeline_benchmark_rejects_unknown_settings():
         bench.main(["pipeline", "--cpu-cores", "shared,bogus"])
     with pytest.raises(SystemExit, match="valid"):
         bench.main(["pipeline", "--modes", "sync,eager"])
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(),
+    dict(tie_embeddings=False, head_dim=32),  # head_dim != hidden / heads (Qwen3-style)
+    dict(architecture="llama", qkv_bias=False),
+])
+def test_train_benchmark_torch_peer_has_the_jaxrl_model_shapes(overrides):
+    """`bench.py train --vs torch` times a `transformers` model built from `config_to_hf`: every
+    parameter count and the attention shapes match the jaxrl model (a hand-built Qwen2Config
+    fixed tied embeddings and hidden / heads, so these configs timed a different model)."""
+    pytest.importorskip("transformers")
+    from jaxrl.benchmarks.train import torch_peer_model
+    from jaxrl.presets import tiny_model_config
+
+    cfg = tiny_model_config(**overrides)
+    model = torch_peer_model(cfg)
+    assert type(model).__name__ == {"qwen2": "Qwen2ForCausalLM",
+                                    "llama": "LlamaForCausalLM"}[cfg.architecture]
+    assert sum(p.numel() for p in model.parameters()) == cfg.num_params()
+    q = model.model.layers[0].self_attn.q_proj.weight
+    assert tuple(q.shape) == (cfg.num_heads * cfg.head_size, cfg.hidden_size)
+    assert model.config.tie_word_embeddings == cfg.tie_embeddings

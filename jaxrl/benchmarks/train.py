@@ -83,29 +83,27 @@ def make_jax_step(args, model_cfg, inputs):
     return step
 
 
+def torch_peer_model(model_cfg):
+    """The `transformers` model (f32, random weights) of the same shapes as `model_cfg`, its
+    config written by `config_to_hf`, the mapping jaxrl's checkpoints are saved with."""
+    import transformers
+
+    from jaxrl.models.hf import config_to_hf
+
+    hf_cfg = transformers.AutoConfig.for_model(**config_to_hf(model_cfg))
+    return transformers.AutoModelForCausalLM.from_config(hf_cfg).float()
+
+
 def make_torch_step(args, model_cfg, inputs):
     # OpenMP's default busy-wait collapses when other processes share the cores (measured 4x
     # slower on a loaded 2-core box); passive waiting is torch's best setting there. It must be
     # set before torch starts its thread pool; an explicit OMP_WAIT_POLICY wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
-    import transformers
 
     torch.set_num_threads(args.torch_threads)
-    hf_cfg = transformers.Qwen2Config(
-        vocab_size=model_cfg.vocab_size,
-        hidden_size=model_cfg.hidden_size,
-        intermediate_size=model_cfg.intermediate_size,
-        num_hidden_layers=model_cfg.num_layers,
-        num_attention_heads=model_cfg.num_heads,
-        num_key_value_heads=model_cfg.num_kv_heads,
-        max_position_embeddings=model_cfg.max_position_embeddings,
-        tie_word_embeddings=True,
-        rope_theta=model_cfg.rope_theta,
-        rms_norm_eps=model_cfg.rms_norm_eps,
-    )
     torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(hf_cfg).float().train()
+    model = torch_peer_model(model_cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
     tokens, mask, rewards, groups = (torch.as_tensor(x) for x in inputs)
     r = rewards.view(-1, int((groups == 0).sum()))
