@@ -7,11 +7,13 @@ top-level fields when `tests` is absent:
     candidate program is `prompt + completion code`, so a body-only continuation and a full
     function both work. The prompt's helpers run in the judge as trusted code.
   * MBPP:       {"test_list": [asserts], "test_setup_code": str, "test_imports": [str]}
-  * stdin/stdout: [{"input": ..., "output": ...}] (keys stdin/stdout too) or APPS / CodeContests /
-    LiveCodeBench style {"inputs": [...], "outputs": [...]}: stdout is compared after removing
+  * stdin/stdout: [{"input": ..., "output": ...}] (keys stdin/stdout too; LiveCodeBench's
+    `testtype: "stdin"` rows), APPS {"inputs": [...], "outputs": [...]} and CodeContests
+    {"input": [...], "output": [...]}: stdout is compared after removing
     trailing whitespace per line and leading/trailing blank lines; each case has its own timeout.
-  * function calls: [{"fn", "args", "kwargs"?, "expected", "rel_tol"?, "abs_tol"?}] or APPS
-    {"inputs", "outputs", "fn_name"}: compared like their JSON (a tuple equals a list), exactly
+  * function calls: [{"fn", "args", "kwargs"?, "expected", "rel_tol"?, "abs_tol"?}], APPS
+    {"inputs", "outputs", "fn_name"} or LiveCodeBench `testtype: "functional"` rows (JSON lines;
+    `Solution().<metadata.func_name>`): compared like their JSON (a tuple equals a list), exactly
     unless a tolerance is given.
   * asserts:    ["assert f(1) == 2", ...]: any Python test code, one case per top-level assert.
 
@@ -100,11 +102,40 @@ def _mbpp(t: Mapping) -> tuple[list[str], list[dict]]:
     return setup, cases
 
 
-def _list_cases(tests: Sequence) -> list[dict]:
+def _func_name(item: Mapping) -> str | None:
+    """LiveCodeBench keeps the function of its functional tests in `metadata` (JSON)."""
+    meta = item.get("metadata")
+    if isinstance(meta, str):
+        try:
+            meta = json.loads(meta)
+        except json.JSONDecodeError:
+            return None
+    return meta.get("func_name") if isinstance(meta, Mapping) else None
+
+
+def _functional(t: Mapping, func_name: str | None) -> dict:
+    """A LiveCodeBench functional case: one JSON value per input line, JSON output. LeetCode
+    style solutions are `class Solution` with a method: the call is `Solution().<func_name>`."""
+    if not func_name:
+        raise ValueError("functional test cases need the function name in the item's "
+                         "metadata {'func_name': ...}")
+    try:
+        args = [json.loads(line) for line in str(t["input"]).splitlines() if line.strip()]
+        expected = json.loads(str(t["output"]))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"functional test values must be JSON: {e}") from None
+    case = _call("Solution", args, {}, expected)
+    case["fn"] = f"Solution.{func_name}"
+    return case
+
+
+def _list_cases(tests: Sequence, func_name: str | None = None) -> list[dict]:
     cases: list[dict] = []
     for t in tests:
         if isinstance(t, str):
             cases.extend(_assert_cases(t))
+        elif isinstance(t, Mapping) and t.get("testtype") == "functional":
+            cases.append(_functional(t, func_name))
         elif isinstance(t, Mapping) and ("input" in t or "stdin" in t):
             out = t.get("output", t.get("stdout"))
             if out is None:
@@ -151,6 +182,12 @@ def build_spec(item: Mapping[str, Any], code: str, *, timeout_s: float,
             candidate = prompt + ("" if prompt.endswith("\n") else "\n") + code
     elif isinstance(tests, Mapping) and "test_list" in tests:
         setup, cases = _mbpp(tests)
+    elif isinstance(tests, Mapping) and isinstance(tests.get("input"), list):
+        ins, outs = tests["input"], tests.get("output")  # CodeContests public/private_tests
+        if not isinstance(outs, list) or len(ins) != len(outs):
+            raise ValueError(f"tests 'input' and 'output' must be lists of one length, got "
+                             f"{type(outs).__name__} {outs!r:.100}")
+        cases = [_stdio(i, o) for i, o in zip(ins, outs, strict=True)]
     elif isinstance(tests, Mapping):
         if "inputs" not in tests or "outputs" not in tests:
             raise ValueError(f"unrecognised tests dict with keys {sorted(tests)}: expected one "
@@ -164,7 +201,7 @@ def build_spec(item: Mapping[str, Any], code: str, *, timeout_s: float,
         else:
             cases = [_stdio(i, o) for i, o in zip(ins, outs, strict=True)]
     elif isinstance(tests, Sequence) and tests:
-        cases = _list_cases(tests)
+        cases = _list_cases(tests, _func_name(item))
     else:
         raise ValueError(f"tests must be a non-empty list, a dict or a JSON string of one, got "
                          f"{tests!r:.200}; formats: {FORMATS}")

@@ -6,7 +6,8 @@ so the candidate's memory holds nothing of the judge's: no test, no expected val
 test code (asserts, HumanEval's `check(candidate)`, MBPP's `test_list`) in its own namespace,
 where the candidate's functions are proxies: a call sends the arguments to the candidate process
 as data and gets the return value back as data (the wire format below: None, bool, int, float,
-complex, str, bytes, list, tuple, dict, set, frozenset; nothing with behaviour). Every predicate,
+complex, str, bytes, list, tuple, dict, set, frozenset, Counter, OrderedDict, deque; a subclass
+of one of these travels as its base type's value; nothing with behaviour crosses). Every predicate,
 comparison and helper of the test therefore runs in the judge with clean builtins and modules.
 The judge writes one verdict line per case to its stdout, a pipe the candidate has no descriptor
 for: the candidate's fds 0-2 are /dev/null (or its stdin / a capture pipe for stdin/stdout tests),
@@ -26,7 +27,11 @@ from typing import Any
 
 # Shared by the trusted side (encoding expected values), the judge and the candidate bootstrap.
 CODEC_SRC = r'''
+import collections as _collections
+
 _MAX_DEPTH = 100
+_SPECIAL = {_collections.Counter: "C", _collections.OrderedDict: "O", _collections.deque: "Q"}
+_BASES = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
 
 
 def _enc(v, d=0):
@@ -35,6 +40,17 @@ def _enc(v, d=0):
         return v
     if d > _MAX_DEPTH:
         raise ValueError("value nested deeper than %d" % _MAX_DEPTH)
+    if t in _SPECIAL:
+        inner = _enc(list(v) if t is _collections.deque else dict(v), d + 1)
+        return [_SPECIAL[t], inner[1]]
+    if t not in _BASES:
+        for base in _BASES:  # a subclass travels as its base type's value, without behaviour
+            if isinstance(v, base):
+                v = base(v)
+                if type(v) is not base:
+                    raise TypeError("%s(value) did not give a %s" % (base.__name__,
+                                                                      base.__name__))
+                return _enc(v, d + 1)
     if t is list or t is tuple or t is set or t is frozenset:
         tag = {list: "l", tuple: "t", set: "s", frozenset: "f"}[t]
         return [tag, [_enc(x, d + 1) for x in v]]
@@ -73,8 +89,11 @@ def _dec(v, d=0):
         return set(items)
     if tag == "f":
         return frozenset(items)
-    if tag == "d" and len(items) % 2 == 0:
-        return dict(zip(items[0::2], items[1::2]))
+    if tag == "Q":
+        return _collections.deque(items)
+    if tag in ("d", "C", "O") and len(items) % 2 == 0:
+        cls = {"d": dict, "C": _collections.Counter, "O": _collections.OrderedDict}[tag]
+        return cls(dict(zip(items[0::2], items[1::2])))
     raise ValueError("malformed wire value")
 '''
 
@@ -136,7 +155,12 @@ _send(["ready", [k for k, v in list(_ns.items()) if type(k) is str and callable(
 while True:
     _name, _a, _k = json.loads(_read(int.from_bytes(_read(4), "big")))
     try:
-        _v = _ns[_name](*_dec(_a), **_dec(_k))
+        if "." in _name:  # "Class.method": LeetCode style, called on a fresh instance
+            _cls, _meth = _name.split(".", 1)
+            _f = getattr(_ns[_cls](), _meth)
+        else:
+            _f = _ns[_name]
+        _v = _f(*_dec(_a), **_dec(_k))
         try:
             _r = json.dumps(["v", _enc(_v)])
         except BaseException as e:
