@@ -1,26 +1,27 @@
-"""Sandbox isolation: the warm fork-server ("zygote") and the tier plan that starts it.
+"""Sandbox isolation: the warm fork-server ("zygote") that runs untrusted jobs, and its wire format.
 
-This file is stdlib-only and is ALSO the zygote program: the pool runs its source with
-`python -I -S -c <this file> zygote <config json>` (inside bubblewrap in tier A), so nothing here
-may import jaxrl, jax or numpy at module level.
+This file and `sandbox_kernel.py` are stdlib-only and are ALSO the zygote program: the pool runs
+`python -I -S -c <zygote_program()> zygote <config json>` (inside bubblewrap in tier A), where the
+program carries both sources, so nothing here may import jaxrl, jax or numpy.
 
-Tiers (strongest first; `plan_tier` probes and picks):
-  A  bubblewrap: user/pid/net/ipc/uts namespaces, read-only binds of the runtime only, a size-capped
-     private /tmp and /dev/shm, empty environment, the zygote as PID 1 of the pid namespace. When
-     the pool runs as root, bwrap is started as a per-slot unprivileged uid (root stays root
-     outside).
+Tiers (strongest first; `jaxrl.rewards.pool.probe` picks one, `sandbox_plan.make_plan` plans it):
+  A  bubblewrap: user/pid/net/ipc/uts namespaces, read-only binds of the runtime only, a read-only
+     /dev, a size-capped private /tmp and /dev/shm, empty environment, the zygote as PID 1 of the
+     pid namespace. When the pool runs as root, bwrap is started as a per-slot unprivileged uid
+     (root stays root outside).
   B  no user namespaces: the zygote drops each job to the slot's uid (when root), applies rlimits
      and the seccomp filter; leftovers are swept by uid (root) or as reparented children.
-Both tiers: seccomp denies inet sockets, ptrace, unshare/setns/mount, namespace clones, io_uring,
-bpf, keyrings, module loading; no_new_privs; the zygote is not dumpable (jobs cannot ptrace it).
+Both tiers: seccomp (see `sandbox_kernel.seccomp_program`), no_new_privs; the zygote is not
+dumpable (jobs cannot ptrace it).
 
 Per job the zygote forks a child (setsid, rlimits AS/CPU/FSIZE/NOFILE/NPROC/CORE, private job dir,
-stdin from a memfd, stdout/stderr to pipes), waits on a pidfd with a wall-clock deadline, reads at
-most `max_output_bytes` per stream, never waits for pipe EOF, then kills every process the job left
-and wipes the job's files.
+stdin from a memfd, stdout/stderr to pipes) that compiles and runs the job's source under those
+limits; the zygote only waits on a pidfd with a wall-clock deadline, reads at most
+`max_output_bytes` per stream, never waits for pipe EOF, then kills every process the job left and
+wipes what it wrote (a removal no permission bit or depth can stop). If anything remains, the
+reply says so and the zygote exits after it: the pool replaces it, with fresh scratch space. If
+the pool's end of the command pipe closes (the owner died), the zygote kills the job tree and exits.
 """
-
-from __future__ import annotations
 
 import os
 import struct
@@ -28,12 +29,19 @@ import sys
 from time import monotonic as _now
 from time import sleep as _sleep
 
+if __package__:  # imported by the trusted side as jaxrl.rewards.sandbox
+    from . import sandbox_kernel as kernel
+else:  # the zygote program: `zygote_program` loaded it as a top-level module first
+    import sandbox_kernel as kernel
+
 # ----------------------------------------------------------------------------- wire format
 STATUSES = ("ok", "error", "timeout", "oom", "killed", "output_limit")
 OOM_EXIT = 251  # exit code the child uses after an uncaught MemoryError
 READY_MAGIC = b"JXZ1"
-# result header: status index, exit code (NO_EXIT: none), t_recv, t_started, t_end, len out/err
-RESULT_HEADER = struct.Struct("<Biddd II")
+# result header: status index, flags, exit code (NO_EXIT: none), t_recv, t_started, t_end,
+# len out/err
+RESULT_HEADER = struct.Struct("<BBiddd II")
+RETIRED = 1  # flag: the job left what the wipe could not remove; the zygote exits after replying
 NO_EXIT = -(2**31)
 LEN = struct.Struct("<I")
 
@@ -63,160 +71,6 @@ def check_job_path(name: str) -> str:
     return name
 
 
-# ----------------------------------------------------------------------------- seccomp (BPF)
-_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-_DENY_NRS = {  # syscall numbers denied with EPERM, per arch
-    "x86_64": dict(
-        ptrace=101, process_vm_readv=310, process_vm_writev=311, mount=165, umount2=166,
-        pivot_root=155, chroot=161, unshare=272, setns=308, keyctl=250, add_key=248,
-        request_key=249, bpf=321, perf_event_open=298, userfaultfd=323, io_uring_setup=425,
-        io_uring_enter=426, io_uring_register=427, open_by_handle_at=304, name_to_handle_at=303,
-        init_module=175, finit_module=313, delete_module=176, kexec_load=246, kexec_file_load=320,
-        open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
-        mount_setattr=442, acct=163, swapon=167, swapoff=168, reboot=169, sethostname=170,
-        setdomainname=171, iopl=172, ioperm=173, shmget=29, shmat=30, shmctl=31, semget=64,
-        semop=65, semctl=66, shmdt=67, msgget=68, msgsnd=69, msgrcv=70, msgctl=71,
-        semtimedop=220, mq_open=240,
-    ),
-    "aarch64": dict(
-        ptrace=117, process_vm_readv=270, process_vm_writev=271, mount=40, umount2=39,
-        pivot_root=41, chroot=51, unshare=97, setns=268, keyctl=219, add_key=217, request_key=218,
-        bpf=280, perf_event_open=241, userfaultfd=282, io_uring_setup=425, io_uring_enter=426,
-        io_uring_register=427, open_by_handle_at=265, name_to_handle_at=264, init_module=105,
-        finit_module=273, delete_module=106, kexec_load=104, kexec_file_load=294, open_tree=428,
-        move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433, mount_setattr=442,
-        acct=89, swapon=224, swapoff=225, reboot=142, sethostname=161, setdomainname=162,
-        msgget=186, msgctl=187, msgrcv=188, msgsnd=189, semget=190, semctl=191, semtimedop=192,
-        semop=193, shmget=194, shmctl=195, shmat=196, shmdt=197, mq_open=180,
-    ),
-}
-_SOCKET_NR = {"x86_64": 41, "aarch64": 198}
-_CLONE_NR = {"x86_64": 56, "aarch64": 220}
-_CLONE3_NR = 435
-# CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
-_CLONE_NS_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000
-_CLONE_NS_FLAGS |= 0x40000000 | 0x00000080
-
-
-def seccomp_program(arch: str, allow_unix_sockets: bool) -> bytes:
-    """The BPF filter (struct sock_filter[]) for `arch`; raises ValueError for an unknown arch."""
-    if arch not in _AUDIT_ARCH:
-        raise ValueError(f"no seccomp filter for arch {arch!r}; known: {sorted(_AUDIT_ARCH)}")
-    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    ins: list[tuple] = [(ld, 0, 0, 4), (jeq, 0, "kill", _AUDIT_ARCH[arch]), (ld, 0, 0, 0)]
-    if arch == "x86_64":
-        ins.append((jge, "deny", 0, 0x40000000))  # the x32 ABI
-    ins += [(jeq, "deny", 0, nr) for nr in sorted(_DENY_NRS[arch].values())]
-    ins += [
-        (jeq, "socket", 0, _SOCKET_NR[arch]),
-        (jeq, "clone", 0, _CLONE_NR[arch]),
-        (jeq, "enosys", 0, _CLONE3_NR),  # clone3 args live in memory: make libc fall back to clone
-        (ret, 0, 0, 0x7FFF0000),
-    ]
-    labels = {"socket": len(ins)}
-    ins += [(ld, 0, 0, 16), (jeq, "allow" if allow_unix_sockets else "deny", "deny", 1)]  # AF_UNIX
-    labels["clone"] = len(ins)
-    ins += [(ld, 0, 0, 16), (jset, "deny", "allow", _CLONE_NS_FLAGS)]
-    for name, action in (("deny", 0x00050000 | 1), ("enosys", 0x00050000 | 38),
-                         ("kill", 0x80000000), ("allow", 0x7FFF0000)):
-        labels[name] = len(ins)
-        ins.append((ret, 0, 0, action))
-    out = bytearray()
-    for i, (code, jt, jf, k) in enumerate(ins):
-        jt = labels[jt] - i - 1 if isinstance(jt, str) else jt
-        jf = labels[jf] - i - 1 if isinstance(jf, str) else jf
-        out += struct.pack("<HBBI", code, jt, jf, k)
-    return bytes(out)
-
-
-_LIBC: list = []
-
-
-def _libc():
-    if not _LIBC:
-        import ctypes
-
-        _LIBC.extend((ctypes, ctypes.CDLL(None, use_errno=True)))
-    return _LIBC[0], _LIBC[1]
-
-
-def apply_seccomp(allow_unix_sockets: bool) -> str:
-    """Sets no_new_privs and installs the filter on this process (inherited by its children)."""
-    import platform
-
-    ctypes, libc = _libc()
-    prog = seccomp_program(platform.machine(), allow_unix_sockets)
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    buf = ctypes.create_string_buffer(prog)
-
-    class Fprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    fprog = Fprog(len(prog) // 8, ctypes.addressof(buf))
-    if libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
-    return f"seccomp({len(prog) // 8} insns)"
-
-
-def private_mounts(tmp_mb: int, shm_mb: int, expose: tuple = ()) -> None:
-    """Root without user namespaces: a private mount namespace where every host filesystem is
-    read-only and /tmp, /var/tmp, /dev/shm are fresh size-capped tmpfs (so a job can neither
-    leave files on the host nor see another slot's), and /proc shows a job only its own
-    processes (hidepid). Each `expose` path (the interpreter's
-    prefix) is made reachable by covering its first untraversable ancestor (e.g. a 0700 /root)
-    with an empty tmpfs and binding the path back: the rest of that ancestor stays hidden."""
-    ctypes, libc = _libc()
-
-    def check(rc, what):
-        if rc != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"{what}: {os.strerror(err)}")
-
-    check(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
-    check(libc.mount(None, b"/", None, 0x4000 | 0x40000, None), "make / private")
-    for path in expose:
-        parts = path.rstrip("/").split("/")
-        closed = [a for a in ("/".join(parts[:i]) for i in range(2, len(parts)))
-                  if not os.stat(a).st_mode & 0o001]
-        if closed:
-            fd = os.open(path, os.O_PATH | os.O_DIRECTORY)
-            check(libc.mount(b"tmpfs", closed[0].encode(), b"tmpfs", 2 | 4, b"size=1m,mode=755"),
-                  f"tmpfs on {closed[0]}")
-            os.makedirs(path, mode=0o755, exist_ok=True)
-            check(libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, 4096 | 0x4000,
-                             None), f"bind {path}")
-            os.close(fd)
-    keep = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
-            "relatime": 1 << 21}
-    with open("/proc/self/mountinfo") as f:
-        rows = [line.split() for line in f]
-    for row in rows:
-        point = row[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
-        if point.startswith(("/proc", "/sys", "/dev")):
-            continue
-        flags = 1 | 32 | 4096  # MS_RDONLY | MS_REMOUNT | MS_BIND, keeping the mount's own flags
-        flags |= sum(v for k, v in keep.items() if k in row[5].split(","))
-        libc.mount(None, point.encode(), None, flags, None)  # best effort per mount
-    with open("/proc/self/mountinfo") as f:
-        if not any(r.split()[4] == "/" and "ro" in r.split()[5].split(",") for r in f):
-            raise OSError(30, "could not make / read-only")
-    for d, mb in (("/tmp", tmp_mb), ("/var/tmp", tmp_mb), ("/dev/shm", shm_mb)):
-        if os.path.isdir(d):
-            check(libc.mount(b"tmpfs", d.encode(), b"tmpfs", 2 | 4,
-                             f"size={mb}m,mode=1777".encode()), f"tmpfs on {d}")
-    release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
-    if release >= (5, 8):  # per-mount proc options; older kernels would change the host's /proc
-        check(libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, b"hidepid=invisible"),
-              "proc with hidepid")  # jobs see only their own uid's processes
-
-
-def _prctl(option: int, arg: int) -> None:
-    ctypes, libc = _libc()
-    if libc.prctl(option, arg, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
-
-
 # ----------------------------------------------------------------------------- the zygote
 class Zygote:
     """Runs inside the sandbox: reads job specs on fd 0, answers on fd 1, one job at a time."""
@@ -241,15 +95,19 @@ class Zygote:
                 __import__(name)
             except Exception:  # noqa: BLE001 - a missing optional module is not an error
                 pass
-        _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the pool
-        if os.getppid() == 1 and not self.pid1:
-            os._exit(3)  # the pool died before we set the death signal
-        _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of a job come back to us
+        if self.pid1:  # tier A: the pid namespace (every job process) dies with us
+            kernel.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        else:  # the owner died: kill the job tree, then exit (the jobs are in no namespace)
+            signal.signal(signal.SIGTERM, self.owner_gone)
+            kernel.prctl(1, signal.SIGTERM)
+            if os.getppid() != cfg.get("owner", os.getppid()):
+                os._exit(3)  # the pool died before we set the death signal
+        kernel.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of a job come back to us
         if cfg.get("private_mounts"):  # tier B as root: before seccomp, which denies mount
             try:
-                private_mounts(**cfg["private_mounts"])
-                cfg.update(jobdir="/tmp/job", wipe=["/tmp", "/var/tmp", "/dev/shm"],
-                           sweep_owned=[], prefix_fd_path=None)
+                kernel.private_mounts(**cfg["private_mounts"])
+                cfg.update(jobdir="/tmp/job", sweep_owned=[], prefix_fd_path=None,
+                           wipe=["/tmp", "/var/tmp", "/dev/shm", *cfg.get("wipe", ())])
                 self.notes.append("private mounts: read-only host, own /tmp /dev/shm, hidepid")
             except OSError as e:
                 self.notes.append(f"no private mounts ({e}): sweeping /tmp, /var/tmp, /dev/shm")
@@ -260,10 +118,10 @@ class Zygote:
             os.close(fd)
             pre, via = cfg["prefix_fd_path"].rstrip("/"), f"/proc/self/fd/{self.PREFIX_FD}"
             self.sys_path = [via + p[len(pre):] if p.startswith(pre) else p for p in sys.path]
-        _prctl(4, 0)  # not dumpable: jobs (same uid in tier A) cannot ptrace or read /proc/1/mem
+        kernel.prctl(4, 0)  # not dumpable: jobs (same uid in tier A) cannot ptrace us
         if cfg.get("seccomp", True):
             try:
-                self.notes.append(apply_seccomp(cfg.get("allow_unix_sockets", False)))
+                self.notes.append(kernel.apply_seccomp(cfg.get("allow_unix_sockets", False)))
             except (OSError, ValueError) as e:
                 self.notes.append(f"seccomp unavailable: {e}")
         if self.uid >= 0:
@@ -275,6 +133,11 @@ class Zygote:
         self.devnull = os.open(os.devnull, os.O_RDONLY)
         self.owned_dirs = [d for d in cfg.get("sweep_owned", ()) if os.path.isdir(d)]
         self.mtimes: list[int] = []
+        # What the scratch dirs hold before any job (tier A's /dev: its device nodes) and their
+        # modes: after each job everything else goes, and the modes come back.
+        self.scratch = {d: (frozenset(os.listdir(d)), os.stat(d).st_mode)
+                        for d in cfg.get("wipe", ()) if os.path.isdir(d)}
+        self.leftovers: list[str] = []
         # Made once here, used by every child after its dup2s (the zygote never writes to them).
         self.stdio = (open(0, encoding="utf-8", errors="replace", closefd=False),
                       open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False),
@@ -300,9 +163,21 @@ class Zygote:
             t_recv = _now()
             self.mtimes = [_mtime(d) for d in self.owned_dirs]
             status, code, t_start, t_end, out, err = self.run_job(spec)
-            header = RESULT_HEADER.pack(STATUSES.index(status), NO_EXIT if code is None else code,
-                                        t_recv, t_start, t_end, len(out), len(err))
+            left = self.leftovers
+            header = RESULT_HEADER.pack(STATUSES.index(status), RETIRED if left else 0,
+                                        NO_EXIT if code is None else code, t_recv, t_start, t_end,
+                                        len(out), len(err))
             write_frame(1, header + out + err)
+            if left:  # the pool replaces us: a fresh zygote, fresh scratch space
+                _try_write(2, f"sandbox: retiring; the wipe left {left[:3]}\n".encode())
+                return
+
+    def owner_gone(self, *_) -> None:
+        """The pool's owner died (parent-death signal, or the command pipe closed mid-job)."""
+        try:
+            self.sweep()
+        finally:
+            os._exit(0)
 
     def run_job(self, spec: dict):
         jobdir = self.cfg["jobdir"]
@@ -316,10 +191,6 @@ class Zygote:
         out_r, out_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         err_r, err_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         struct.pack_into("d", self.started, 0, 0.0)
-        try:  # compiling here, where it is warm, is ~100x faster than in the fresh child
-            spec["compiled"] = compile(spec["code"], "<job>", "exec", dont_inherit=True)
-        except BaseException as e:  # noqa: BLE001 - SyntaxError etc.: the child raises it
-            spec["compiled"] = e
         t_fork = _now()
         pid = os.fork()
         if pid == 0:
@@ -345,6 +216,7 @@ class Zygote:
             pidfd = None
         for fd in (out_r, err_r) + ((pidfd,) if pidfd is not None else ()):
             poller.register(fd, self.select.POLLIN)
+        poller.register(0, self.select.POLLIN)  # the pool never writes during a job: EOF only
         limit, exited, reaped = None, False, None
         while not exited:
             left = deadline - _now()
@@ -355,6 +227,8 @@ class Zygote:
             for fd, _ in poller.poll(max(1, int(wait_ms + 0.999))):
                 if fd == pidfd:
                     exited = True
+                elif fd == 0:  # the owner died: take the job tree with us
+                    self.owner_gone()
                 elif not self.pump(fd, bufs[fd], cap, poller):
                     limit = "output_limit"
             if limit:
@@ -442,39 +316,68 @@ class Zygote:
             _kill(p)
 
     def wipe(self, jobdir: str) -> None:
-        import shutil
-
+        """Removes the job dir and everything new in the scratch dirs, whatever modes or depth
+        the job left; `self.leftovers` lists what could not be removed (then we retire)."""
+        left = []
+        for d, (_, mode) in self.scratch.items():  # tier A: the job owns them and may lock them
+            try:
+                if os.stat(d).st_mode != mode:
+                    os.chmod(d, mode)
+            except OSError:
+                left.append(f"{d} (mode)")
         try:
             os.rmdir(jobdir)  # the common case: the job left nothing
         except FileNotFoundError:
             pass
         except OSError:
-            shutil.rmtree(jobdir, ignore_errors=True)
-        for d in self.cfg.get("wipe", ()):  # tier A: the private /tmp and /dev/shm
-            for entry in _scandir(d):
-                _remove(entry)
+            parent, name = os.path.split(jobdir)
+            try:
+                fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    kernel.remove_entry(fd, name)
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass
+        left += [jobdir] if os.path.lexists(jobdir) else []
+        for d, (keep, _) in self.scratch.items():  # the private /tmp, /dev/shm (and /dev)
+            left += kernel.empty_dir(d, keep)
         for d, before in zip(self.owned_dirs, self.mtimes, strict=False):
-            if _mtime(d) != before:  # tier B: what the slot uid left in /tmp etc.
-                for entry in _scandir(d):
-                    try:
-                        if entry.stat(follow_symlinks=False).st_uid == self.uid:
-                            _remove(entry)
-                    except OSError:
-                        pass
+            if _mtime(d) != before:  # tier B: what the slot uid left in the host's /tmp etc.
+                left += self.remove_owned(d)
+        self.leftovers = left
+
+    def remove_owned(self, d: str) -> list[str]:
+        left = []
+        try:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return []
+        try:
+            for entry in os.scandir(fd):
+                try:
+                    if entry.stat(follow_symlinks=False).st_uid == self.uid:
+                        kernel.remove_entry(fd, entry.name)
+                except OSError:
+                    left.append(f"{d}/{entry.name}")
+        finally:
+            os.close(fd)
+        return left
 
     # -- the job process
     def child(self, spec, jobdir, out_w, err_w):
         code = 1
         try:
+            self.signal.signal(self.signal.SIGTERM, self.signal.SIG_DFL)
             os.setsid()
             if self.uid >= 0:
                 os.setgroups([])
                 os.setresgid(self.gid, self.gid, self.gid)
                 os.setresuid(self.uid, self.uid, self.uid)
                 if self.cfg.get("prefix_fd_path"):
-                    _prctl(4, 1)  # dumpable again, so /proc/self/fd works for the prefix fd
-            elif not self.pid1:  # no namespace and no uid sweep: die with the zygote at least
-                _prctl(1, self.signal.SIGKILL)
+                    kernel.prctl(4, 1)  # dumpable again, so /proc/self/fd works for the prefix fd
+            if not self.pid1:  # no pid namespace: die with the zygote (set after the uid change,
+                kernel.prctl(1, self.signal.SIGKILL)  # which clears it)
             res, timeout = self.resource, spec["timeout_s"]
             cpu = int(timeout) + 1
             mem = spec["memory_mb"] << 20
@@ -511,9 +414,9 @@ class Zygote:
             self.gc.enable()
             struct.pack_into("d", self.started, 0, _now())
             self.started.close()
-            compiled = spec.pop("compiled")
-            if isinstance(compiled, BaseException):
-                raise compiled
+            # Compiled here, under the job's limits: a source that is costly to compile (e.g.
+            # 3 MB of list literal: ~1 GB) is the job's problem, not the zygote's.
+            compiled = compile(spec["code"], "<job>", "exec", dont_inherit=True)
             exec(compiled, {"__name__": "__main__", "__builtins__": __builtins__})
             code = 0
         except SystemExit as e:
@@ -579,44 +482,25 @@ def _mtime(path: str) -> int:
         return 0
 
 
-def _scandir(path: str) -> list:
-    try:
-        return list(os.scandir(path))
-    except OSError:
-        return []
+def zygote_program() -> str:
+    """The `python -c` program of a zygote: it loads `sandbox_kernel.py`, then this file, each as
+    a top-level module from its source text (the sandbox may not reach these files), and runs
+    `_main` on its arguments."""
+    if not _PROGRAM:
+        here = os.path.dirname(os.path.abspath(__file__))
+        srcs = []
+        for name in ("sandbox_kernel", "sandbox"):
+            with open(os.path.join(here, name + ".py"), encoding="utf-8") as f:
+                srcs.append((name, f.read()))
+        _PROGRAM.append("import sys, types\n"
+                        f"for _n, _s in {srcs!r}:\n"
+                        "    _m = sys.modules[_n] = types.ModuleType(_n)\n"
+                        "    exec(compile(_s, _n + '.py', 'exec'), _m.__dict__)\n"
+                        "sys.modules['sandbox']._main(sys.argv[1:])\n")
+    return _PROGRAM[0]
 
 
-def _remove(entry) -> None:
-    import shutil
-
-    try:
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            os.unlink(entry.path)
-    except OSError:
-        pass
-
-
-# ----------------------------------------------------------------------------- tier A launcher
-def launch(cfg: dict) -> None:
-    """Root only: private mount namespace, stage unreadable runtime dirs at world-readable mount
-    points (e.g. a Python under a 0700 /root), drop to the slot uid, then exec bwrap."""
-    ctypes, libc = _libc()
-
-    def check(rc, what):
-        if rc != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"{what}: {os.strerror(err)}")
-
-    check(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
-    check(libc.mount(None, b"/", None, 0x4000 | 0x40000, None), "make / private")  # MS_REC|PRIVATE
-    for src, dst in cfg["stage"]:
-        check(libc.mount(src.encode(), dst.encode(), None, 0x1000 | 0x4000, None), f"bind {src}")
-    os.setgroups([])
-    os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
-    os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
-    os.execve(cfg["argv"][0], cfg["argv"], {})
+_PROGRAM: list[str] = []
 
 
 def _main(argv: list[str]) -> None:
@@ -626,7 +510,7 @@ def _main(argv: list[str]) -> None:
     if mode == "zygote":
         Zygote(cfg).serve()
     elif mode == "launch":
-        launch(cfg)
+        kernel.launch(cfg)
     else:
         raise SystemExit(f"sandbox: unknown mode {mode!r}; valid: zygote, launch")
 

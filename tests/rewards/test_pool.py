@@ -7,6 +7,7 @@ missing. Tier B runs everywhere on Linux. Every job here is bounded by its own t
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import os
 import re
@@ -14,10 +15,11 @@ import shutil
 import subprocess
 import sys
 import time
+import typing
 
 import pytest
 
-from jaxrl.rewards import LocalSandboxPool, SandboxJob, SandboxResult
+from jaxrl.rewards import LocalSandboxPool, SandboxJob, SandboxResult, sandbox, types
 from jaxrl.rewards import pool as pool_mod
 
 
@@ -330,3 +332,42 @@ def test_without_uid_switching(tier):
         pytest.skip(f"user namespaces unavailable: {p.stderr.strip()}")
     assert p.returncode == 0, p.stderr
     assert f"TIER {tier} LEFT []" in p.stdout, p.stdout
+
+
+def test_slot_retired_when_the_wipe_fails(monkeypatch):
+    """When a job leaves something the zygote cannot remove, the reply says so and the slot gets
+    a fresh zygote (fresh scratch space) before the next job; stats count it. The unremovable
+    entry is made by the host in a read-only (to the zygote) directory it is told to wipe."""
+    if os.geteuid() != 0:
+        pytest.skip("needs tier B's private read-only mounts (root)")
+    stuck_dir = os.path.join(os.getcwd(), f".jaxrl-stuck-{os.getpid()}")
+    os.mkdir(stuck_dir)
+    real = pool_mod.zygote_command
+
+    def with_stuck_dir(plan, uid):
+        argv, kw = real(plan, uid)
+        cfg = json.loads(argv[-1])
+        cfg["wipe"] = [*cfg.get("wipe", ()), stuck_dir]
+        return [*argv[:-1], json.dumps(cfg)], kw
+
+    monkeypatch.setattr(pool_mod, "zygote_command", with_stuck_dir)
+    try:
+        with LocalSandboxPool(num_workers=1, tier="B") as pool:
+            assert _one(pool, code="print(1)").stdout == "1\n"
+            assert pool.stats()["restarts"] == 0
+            with open(os.path.join(stuck_dir, "stuck"), "w") as f:  # read-only to the zygote
+                f.write("x")
+            r = _one(pool, code="print(2)")
+            assert r.status == "ok" and r.stdout == "2\n", r
+            st = pool.stats()
+            assert st["restarts"] == 1 and st["scratch_retired"] == 1, st
+            assert _one(pool, code="print(3)").stdout == "3\n"  # the new zygote knows the file
+            st = pool.stats()
+            assert st["restarts"] == 1 and st["scratch_retired"] == 1, st
+    finally:
+        shutil.rmtree(stuck_dir)
+
+
+def test_statuses_defined_once():
+    assert typing.get_args(types.Status) == types.STATUSES == sandbox.STATUSES
+    assert types.STATUSES is sandbox.STATUSES
