@@ -82,7 +82,7 @@ def _humaneval(t: Mapping, prompt: str) -> tuple[list[str], list[dict], str, str
     entry, test = t["entry_point"], t["test"]
     if not isinstance(entry, str) or not entry.isidentifier():
         raise ValueError(f"HumanEval 'entry_point' must be a function name, got {entry!r:.100}")
-    prompt = str(t.get("prompt", prompt) or "")
+    prompt = str(t.get("prompt") or prompt)
     _parse(test, "HumanEval 'test'")
     if prompt:
         _parse(prompt, "HumanEval 'prompt'")
@@ -177,7 +177,8 @@ def build_spec(item: Mapping[str, Any], code: str, *, timeout_s: float,
     entry = None
     candidate = code
     if isinstance(tests, Mapping) and "test" in tests and "entry_point" in tests:
-        setup, cases, entry, prompt = _humaneval(tests, str(item.get("prompt", "")))
+        # A `tests` dict carries its own prompt; a HumanEval row's prompt is the row's field.
+        setup, cases, entry, prompt = _humaneval(tests, "")
         if prompt:
             candidate = prompt + ("" if prompt.endswith("\n") else "\n") + code
     elif isinstance(tests, Mapping) and "test_list" in tests:

@@ -331,15 +331,19 @@ def _code_tests_batch(items, *, pool, workers=None, timeout_s=None, **options):
 
 
 @register_reward("code_tests", batch=_code_tests_batch, needs_pool=True, isolated=False)
-def code_tests(prompt: str, completion: str, *, tests, pool=None, **options) -> float:
-    """Fraction of `tests` the completion's code passes in the sandbox (mode="all": 0 or 1).
+def code_tests(prompt: str, completion: str, *, tests=None, pool=None, **fields) -> float:
+    """Fraction of the tests the completion's code passes in the sandbox (mode="all": 0 or 1).
 
-    Options: mode ("fraction" | "all"), test_timeout_s (per test), memory_mb. See `code_tests.py`.
+    Tests: `tests`, or a dataset's own fields (HumanEval `test` + `entry_point` with `prompt`,
+    MBPP `test_list`, ...; see `code_formats.py`). Options: mode ("fraction" | "all"),
+    test_timeout_s (per case), memory_mb, max_job_timeout_s. See `code_tests.py`.
     """
-    del prompt
-    (score,) = _code.code_tests_batch(
-        [{"completion": completion, "tests": tests}], pool=pool, **options
-    )
+    option_names = ("mode", "test_timeout_s", "memory_mb", "max_job_timeout_s")
+    options = {k: fields.pop(k) for k in option_names if k in fields}
+    item = {**fields, "prompt": prompt, "completion": completion}
+    if tests is not None:
+        item["tests"] = tests
+    (score,) = _code.code_tests_batch([item], pool=pool, **options)
     if isinstance(score, Exception):
         raise score
     return score

@@ -135,3 +135,16 @@ def test_setup_error_is_the_items_error(pool):
             "test_setup_code": "raise RuntimeError('broken fixture')", "test_imports": []}
     (out,) = code_tests_batch([item], pool=pool)
     assert isinstance(out, ValueError) and "broken fixture" in str(out)
+
+
+def test_per_item_reward_takes_the_datasets_own_fields(pool):
+    from jaxrl.rewards.rewards import get_reward
+
+    fn = get_reward("code_tests").fn
+    prompt = 'def inc(x: int) -> int:\n    """x + 1"""\n'
+    test = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(-1) == 0\n"
+    assert fn(prompt, "    return x + 1\n", test=test, entry_point="inc", pool=pool) == 1.0
+    assert fn(prompt, "    return x\n", test=test, entry_point="inc", pool=pool) == 0.0
+    row = MBPP[0]
+    assert fn("p", row["code"], test_list=row["test_list"], test_setup_code="",
+              test_imports=[], pool=pool, mode="all") == 1.0
