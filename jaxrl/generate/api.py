@@ -7,10 +7,11 @@ from pathlib import Path
 
 from jax.sharding import Mesh
 
-from jaxrl.generate.engine import JaxEngine, default_buckets
+from jaxrl.generate.engine import MIN_BUCKET, JaxEngine
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.generate.scheduler import Completion, Scheduler
 from jaxrl.models.transformer import Transformer
+from jaxrl.rounding import next_power_of_two, round_up
 
 
 def _as_model(model_or_params, mesh: Mesh | None) -> Transformer:
@@ -58,11 +59,11 @@ def sample(model_or_params, prompts: Sequence[Sequence[int]], sampling: Sampling
 def _engine_for(model, prompts, sampling, num_slots, max_len, mesh, eos_ids, chunk_steps):
     if max_len is None:
         longest = max(len(p) for p in prompts) + sampling.max_tokens
-        max_len = next(b for b in default_buckets(10**9) if b >= longest)
+        max_len = next_power_of_two(longest, minimum=MIN_BUCKET)
     total = len(prompts) * sampling.n
     num_slots = num_slots or min(total, 64)
     if mesh is not None:  # slots split evenly over the data-parallel replicas
         dp = mesh.shape["dp"]
-        num_slots = -(-num_slots // dp) * dp
+        num_slots = round_up(num_slots, dp)
     return JaxEngine(model, num_slots=num_slots, max_len=max_len, mesh=mesh,
                      chunk_steps=chunk_steps, eos_ids=eos_ids)

@@ -137,7 +137,10 @@ class Engine(Protocol):
     def set_params(self, params: Any, version: int) -> None: ...
 
 
-def default_buckets(max_len: int, smallest: int = 16) -> tuple[int, ...]:
+MIN_BUCKET = 16  # the smallest prefill bucket and KV cache length the generator rounds to
+
+
+def default_buckets(max_len: int, smallest: int = MIN_BUCKET) -> tuple[int, ...]:
     """Powers of two from `smallest` below `max_len`, then `max_len` itself."""
     out, b = [], smallest
     while b < max_len:
@@ -197,7 +200,6 @@ class JaxEngine:
             state = jax.device_put(state, self._param_shardings)
         self.params = Weights(state=state, version=self._version(version))
         self._state_shardings = self._decode_state_shardings()
-        self.trace_counts: dict[str, int] = {"prefill": 0, "insert": 0, "generate": 0}
         self._prefill_fn = jax.jit(self._prefill_impl)
         insert_kw, chunk_kw = {}, {}
         if mesh is not None:  # keep the decode state's layout fixed across calls
@@ -391,7 +393,6 @@ class JaxEngine:
     # ------------------------------------------------------------------ jitted bodies
 
     def _prefill_impl(self, params: Weights, tokens_1P, true_length):
-        self.trace_counts["prefill"] += 1
         model = nnx.merge(self.graphdef, params.state)
         cache = KVCache.init(self.cfg, 1, tokens_1P.shape[1])
         hidden_1PE, cache = model.decode_hidden(tokens_1P, cache, true_length[None])
@@ -401,7 +402,6 @@ class JaxEngine:
                       version=params.version)
 
     def _insert_impl(self, prefix: Prefix, state: DecodeState, slot, sp: SlotParams):
-        self.trace_counts["insert"] += 1
         key = sample_key(sp.key_data, sp.sample_index, 0)
         token, logprob = sample_tokens(prefix.logits_V[None], key[None], sp.temperature[None],
                                        sp.top_k[None], sp.top_p[None])
@@ -457,7 +457,6 @@ class JaxEngine:
         return st, tok_B, logp_B, act_B
 
     def _chunk_impl(self, params: Weights, state: DecodeState, min_finished, *, num_steps: int):
-        self.trace_counts["generate"] += 1
         model = nnx.merge(self.graphdef, params.state)
         rows, b = num_steps + 1, self.num_slots
         tokens = jnp.zeros((rows, b), jnp.int32).at[0].set(state.tokens_B)

@@ -44,6 +44,7 @@ import math
 from jaxrl.config.sections import PIPELINE_MODES, ahead_for
 from jaxrl.planner.hardware import HardwareSpec
 from jaxrl.planner.specs import Efficiency, ModelSpec, Workload
+from jaxrl.rounding import next_power_of_two
 
 MODES = PIPELINE_MODES  # defined once, with the config
 
@@ -157,11 +158,9 @@ def replica_chips(model: ModelSpec, hw: HardwareSpec, eff: Efficiency) -> int:
     if eff.gen_replica_chips:
         return eff.gen_replica_chips
     weights = model.total_params * eff.gen_bytes_per_param
-    p = 1
-    while weights > 0.5 * p * hw.hbm_bytes * eff.kv_mem_frac:
-        p *= 2
-        if p > 4096:
-            raise Infeasible(f"{model.name} weights ({weights:.3g} B) need > 4096 {hw.name} chips")
+    p = next_power_of_two(weights / (0.5 * hw.hbm_bytes * eff.kv_mem_frac))
+    if p > 4096:
+        raise Infeasible(f"{model.name} weights ({weights:.3g} B) need > 4096 {hw.name} chips")
     return p
 
 

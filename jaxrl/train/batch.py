@@ -32,6 +32,8 @@ import dataclasses
 import jax
 import numpy as np
 
+from jaxrl.rounding import round_up
+
 _OPTIONAL_BT = ("behaviour_logprobs", "versions", "proximal_logprobs", "ref_logprobs")
 
 
@@ -154,7 +156,7 @@ def padded_shape(b: int, t: int, *, row_multiple: int, min_len: int, max_len: in
     rows up to a multiple of `row_multiple`; length up to the next of the buckets
     `min_len * 2^k` and `min_len * 3 * 2^(k-1)` (16, 24, 32, 48, 64, 96, ... for 16), so padding
     costs at most a third of a batch's compute rather than half; capped at `max_len`."""
-    rows = -(-b // row_multiple) * row_multiple
+    rows = round_up(b, row_multiple)
     length = min_len
     while length < t:
         # the 3/2 step between two powers of two, when it is whole and large enough

@@ -1,0 +1,35 @@
+"""Integer rounding rules shared by the run, the generator and the planner (defined once).
+
+    next_power_of_two(n, minimum=1)  the smallest power of two >= n and >= minimum: KV cache
+                                     lengths (minimum 16), generator replica sizes
+    round_up(n, multiple)            the smallest multiple of `multiple` >= n: slots over the
+                                     data-parallel replicas, batch rows over the trainer mesh
+
+Plain Python; imports nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def next_power_of_two(n: float, minimum: int = 1) -> int:
+    """The smallest power of two that is >= `n` and >= `minimum` (itself a power of two >= 1).
+
+    `n` may be a real number (e.g. a memory ratio): the result is the smallest power of two p
+    with p >= n. Examples: (1) -> 1, (5) -> 8, (16) -> 16, (17) -> 32, (3, minimum=16) -> 16,
+    (2.5) -> 4, (0) -> 1.
+    """
+    if minimum < 1 or minimum & (minimum - 1):
+        raise ValueError(f"next_power_of_two: minimum must be a power of two >= 1, got {minimum!r}")
+    if n <= minimum:
+        return minimum
+    return 1 << (math.ceil(n) - 1).bit_length()
+
+
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= `n`: (10, 4) -> 12, (12, 4) -> 12,
+    (0, 4) -> 0."""
+    if multiple < 1:
+        raise ValueError(f"round_up: multiple must be >= 1, got {multiple!r}")
+    return -(-n // multiple) * multiple
