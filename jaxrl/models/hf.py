@@ -11,6 +11,7 @@ import json
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import ml_dtypes
@@ -18,7 +19,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxrl.config import ModelConfig, RopeScaling
+from jaxrl.config import ConfigError, ModelConfig, RopeScaling
+from jaxrl.dtypes import canonical_dtype
 from jaxrl.models.model import abstract_model
 from jaxrl.models.transformer import Transformer
 from jaxrl.sharding import Role, state_shardings
@@ -145,7 +147,10 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
     return ModelConfig(**fields)
 
 
-def config_to_hf(cfg: ModelConfig, dtype: str = "float32") -> dict:
+def config_to_hf(cfg: ModelConfig, dtype: Any = "float32") -> dict:
+    """A HF `config.json` dict for `cfg`; `dtype` (any spelling `canonical_dtype` takes) is
+    recorded as the checkpoint's `torch_dtype`."""
+    dtype = canonical_dtype(dtype, "config_to_hf: dtype", ConfigError)
     arch = {v: k for k, v in ARCHITECTURES.items()}[cfg.architecture]
     out = {
         "architectures": [arch],
@@ -228,7 +233,7 @@ def _tensor_map(cfg: ModelConfig) -> dict[tuple, tuple[str, Convert, Convert]]:
 
 def load_pretrained(
     path: str | Path,
-    dtype: str | None = None,
+    dtype: Any = None,
     *,
     mesh: Mesh | None = None,
     role: Role = "trainer",
@@ -236,12 +241,14 @@ def load_pretrained(
 ) -> tuple[ModelConfig, Transformer]:
     """Load a local HF directory into `(config, model)`; with `mesh`, onto its shards directly.
 
-    `dtype` sets both the parameter and compute dtype (default: float32).
+    `dtype` sets both the parameter and compute dtype (default: float32), as a name or a numpy
+    / JAX dtype: "bfloat16", `jnp.bfloat16`, `np.float32`, `jnp.dtype("float32")` all work.
     """
     path = Path(path)
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: no config.json (expected a local Hugging Face directory)")
     if dtype is not None:
+        dtype = canonical_dtype(dtype, "load_pretrained: dtype", ConfigError)
         config_overrides.setdefault("dtype", dtype)
         config_overrides.setdefault("param_dtype", dtype)
     cfg = config_from_hf(json.loads((path / "config.json").read_text()), **config_overrides)
@@ -284,13 +291,14 @@ def load_pretrained(
 
 
 def save_pretrained(
-    model: Transformer, cfg: ModelConfig, path: str | Path, dtype: str = "float32"
+    model: Transformer, cfg: ModelConfig, path: str | Path, dtype: Any = "float32"
 ) -> Path:
-    """Write `config.json` + `model.safetensors` that `transformers` loads back."""
+    """Write `config.json` + `model.safetensors` that `transformers` loads back, the tensors in
+    `dtype` (any spelling `canonical_dtype` takes)."""
+    dtype = canonical_dtype(dtype, "save_pretrained: dtype", ConfigError)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16,
-                "float16": np.float16}[dtype]
+    np_dtype = np.dtype(dtype)
     tmap = _tensor_map(cfg)
     tensors = {}
     for path_key, var in nnx.state(model, nnx.Param).flat_state():
