@@ -7,17 +7,14 @@
     "float16", np.float16, jnp.float16, "half"                           -> "float16"
 
 Anything else (float64, integer types, unknown names) fails with the value and the valid choices.
-Imports numpy and ml_dtypes only (no JAX): configs call it. `jnp.bfloat16` and friends are
-classes with a numpy `.dtype`, so `np.dtype(...)` reads them without importing JAX; ml_dtypes
-registers the name "bfloat16" with numpy.
+Configs call it, so importing this module imports nothing (no JAX, and numpy only for a value that
+is not already a valid name). `jnp.bfloat16` and friends are classes with a numpy `.dtype`, so
+`np.dtype(...)` reads them without importing JAX; ml_dtypes registers "bfloat16" with numpy.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, so np.dtype("bfloat16") works)
-import numpy as np
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
@@ -30,6 +27,9 @@ def canonical_dtype(value: Any, key: str = "dtype", error: type[Exception] = Val
     """
     if isinstance(value, str) and value in DTYPE_NAMES:
         return value
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy: np.dtype("bfloat16") works)
+    import numpy as np
+
     try:
         name = np.dtype(value).name if value is not None else None
     except (TypeError, ValueError):
