@@ -42,8 +42,8 @@ def _run(engine):
     return sorted(sched.run(), key=lambda c: (c.request_id, c.sample_index))
 
 
-# (attention_impl, page_size): "pallas" runs kernels.paged_decode_attention (interpreted on CPU;
-# its GPU body needs a power of two >= 16), "xla" gathers pages; 8 gives more page boundaries.
+# (attention_impl, page_size): "pallas" runs jaxrl_kernels.paged_decode_attention (interpreted on
+# CPU; its GPU body needs a power of two >= 16), "xla" gathers pages; 8 gives more page boundaries.
 @functools.cache
 def _engines(impl: str, page_size: int):
     """(contiguous, paged) engines of one model, built once per module run."""
