@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -399,3 +400,37 @@ def test_no_job_outlives_a_killed_owner(tier):
             os.kill(pid, signal.SIGKILL)
         owner.stdout.close()
     assert not left, f"tier {tier}: job processes outlived their SIGKILLed pool owner: {left}"
+
+
+@pytest.mark.parametrize("tier", ["A", "B"])
+def test_job_tree_dies_when_the_command_pipe_closes(tier):
+    """The other way an owner goes: the zygote's command pipe closes mid-job (no signal)."""
+    if tier == "A" and (why := _tier_a_reason()):
+        pytest.skip(f"tier A (user namespaces via bwrap) unavailable here: {why}")
+    plan = pool_mod.probe(tier)
+    lease = pool_mod.UidLease() if plan.root else None
+    mark = f"{50 + secrets.randbelow(9)}.{secrets.randbelow(10**6):06d}"
+    code = OWNER.split("'''")[1].format(mark=mark)
+    z = pool_mod.ZygoteProcess(plan, lease.uid if lease else None)
+    got: list = []
+    runner = threading.Thread(target=lambda: got.append(z.run(SandboxJob(code, timeout_s=60))))
+    try:
+        runner.start()
+        deadline = time.monotonic() + 20
+        while len(_sleepers(mark)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_sleepers(mark)) == 2, "the job did not start its two sleepers"
+        z.proc.stdin.close()
+        runner.join(10)
+        deadline = time.monotonic() + 5
+        while _sleepers(mark) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = _sleepers(mark)
+    finally:
+        z.kill()
+        for pid in _sleepers(mark):
+            os.kill(pid, signal.SIGKILL)
+        if lease:
+            lease.release()
+    assert got == [None] and z.failure == "died", got
+    assert not left, f"tier {tier}: job processes outlived their zygote's command pipe: {left}"
