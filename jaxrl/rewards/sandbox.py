@@ -135,8 +135,10 @@ class Zygote:
         self.mtimes: list[int] = []
         # What the scratch dirs hold before any job (tier A's /dev: its device nodes) and their
         # modes: after each job everything else goes, and the modes come back.
-        self.scratch = {d: (frozenset(os.listdir(d)), os.stat(d).st_mode)
-                        for d in cfg.get("wipe", ()) if os.path.isdir(d)}
+        self.scratch = {d: frozenset(os.listdir(d)) for d in cfg.get("wipe", ())
+                        if os.path.isdir(d)}
+        parent = os.path.dirname(cfg["jobdir"])  # a job of our uid may lock it too
+        self.modes = {d: os.stat(d).st_mode for d in (*self.scratch, parent) if os.path.isdir(d)}
         self.leftovers: list[str] = []
         # Made once here, used by every child after its dup2s (the zygote never writes to them).
         self.stdio = (open(0, encoding="utf-8", errors="replace", closefd=False),
@@ -319,7 +321,7 @@ class Zygote:
         """Removes the job dir and everything new in the scratch dirs, whatever modes or depth
         the job left; `self.leftovers` lists what could not be removed (then we retire)."""
         left = []
-        for d, (_, mode) in self.scratch.items():  # tier A: the job owns them and may lock them
+        for d, mode in self.modes.items():  # a job of our uid (tier A) may have locked them
             try:
                 if os.stat(d).st_mode != mode:
                     os.chmod(d, mode)
@@ -340,7 +342,7 @@ class Zygote:
             except OSError:
                 pass
         left += [jobdir] if os.path.lexists(jobdir) else []
-        for d, (keep, _) in self.scratch.items():  # the private /tmp, /dev/shm (and /dev)
+        for d, keep in self.scratch.items():  # the private /tmp, /dev/shm (and /dev)
             left += kernel.empty_dir(d, keep)
         for d, before in zip(self.owned_dirs, self.mtimes, strict=False):
             if _mtime(d) != before:  # tier B: what the slot uid left in the host's /tmp etc.
