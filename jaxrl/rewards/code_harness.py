@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 
 # Shared by the trusted side (encoding expected values), the judge and the candidate bootstrap.
 CODEC_SRC = r'''
-import collections as _collections
-
 _MAX_DEPTH = 100
-_SPECIAL = {_collections.Counter: "C", _collections.OrderedDict: "O", _collections.deque: "Q"}
 _BASES = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
+
+
+def _special():
+    # Without `collections` loaded a process has no Counter (the candidate's stays lean).
+    c = sys.modules.get("collections")
+    return {c.Counter: "C", c.OrderedDict: "O", c.deque: "Q"} if c else {}
 
 
 def _enc(v, d=0):
@@ -40,9 +44,10 @@ def _enc(v, d=0):
         return v
     if d > _MAX_DEPTH:
         raise ValueError("value nested deeper than %d" % _MAX_DEPTH)
-    if t in _SPECIAL:
-        inner = _enc(list(v) if t is _collections.deque else dict(v), d + 1)
-        return [_SPECIAL[t], inner[1]]
+    special = _special()
+    if t in special:
+        inner = _enc(list(v) if special[t] == "Q" else dict(v), d + 1)
+        return [special[t], inner[1]]
     if t not in _BASES:
         for base in _BASES:  # a subclass travels as its base type's value, without behaviour
             if isinstance(v, base):
@@ -89,15 +94,17 @@ def _dec(v, d=0):
         return set(items)
     if tag == "f":
         return frozenset(items)
+    if tag in ("C", "O", "Q"):
+        import collections
     if tag == "Q":
-        return _collections.deque(items)
+        return collections.deque(items)
     if tag in ("d", "C", "O") and len(items) % 2 == 0:
-        cls = {"d": dict, "C": _collections.Counter, "O": _collections.OrderedDict}[tag]
+        cls = dict if tag == "d" else collections.Counter if tag == "C" else collections.OrderedDict
         return cls(dict(zip(items[0::2], items[1::2])))
     raise ValueError("malformed wire value")
 '''
 
-_codec: dict[str, Any] = {}
+_codec: dict[str, Any] = {"sys": sys}
 exec(compile(CODEC_SRC, "<codec>", "exec"), _codec)  # noqa: S102 - our own constant source
 encode, decode = _codec["_enc"], _codec["_dec"]
 
@@ -117,8 +124,29 @@ if sys.argv[1] == "stdio":
     del _c
     exec(compile(_src, "<solution>", "exec"), {"__name__": "__main__"})
     raise SystemExit(0)
-import json
+import marshal
 __CODEC__
+# No json here (importing it doubles this interpreter's start-up): requests come as marshal of
+# wire values (from the judge), replies go out as JSON text written by _j.
+_ESC = {i: "\\u%04x" % i for i in range(32)}
+_ESC[34], _ESC[92] = '\\"', "\\\\"
+_FLOATS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _j(w):
+    t = type(w)
+    if w is None:
+        return "null"
+    if t is bool:
+        return "true" if w else "false"
+    if t is int:
+        return int.__repr__(w)
+    if t is float:
+        r = float.__repr__(w)
+        return _FLOATS.get(r, r)
+    if t is str:
+        return '"' + w.translate(_ESC) + '"'
+    return "[" + ",".join([_j(x) for x in w]) + "]"
 
 
 def _read(n):
@@ -132,7 +160,7 @@ def _read(n):
 
 
 def _send(o):
-    data = json.dumps(o).encode()
+    data = _j(o).encode("utf-8", "surrogatepass")
     data = len(data).to_bytes(4, "big") + data
     while data:
         data = data[os.write(5, data):]
@@ -153,7 +181,7 @@ except BaseException as e:
     os._exit(0)
 _send(["ready", [k for k, v in list(_ns.items()) if type(k) is str and callable(v)]])
 while True:
-    _name, _a, _k = json.loads(_read(int.from_bytes(_read(4), "big")))
+    _name, _a, _k = marshal.loads(_read(int.from_bytes(_read(4), "big")))
     try:
         if "." in _name:  # "Class.method": LeetCode style, called on a fresh instance
             _cls, _meth = _name.split(".", 1)
@@ -162,23 +190,23 @@ while True:
             _f = _ns[_name]
         _v = _f(*_dec(_a), **_dec(_k))
         try:
-            _r = json.dumps(["v", _enc(_v)])
+            _r = _j(["v", _enc(_v)])
         except BaseException as e:
-            _r = json.dumps(["x", _why(e)])
+            _r = _j(["x", _why(e)])
     except BaseException as e:
         try:
-            _r = json.dumps(["e", type(e).__name__[:100], _why(e)])
+            _r = _j(["e", str.__str__(type(e).__name__)[:100], _why(e)])
         except BaseException:
             _r = '["e", "Exception", "exception"]'
-    try:
-        _send(json.loads(_r))
-    except BaseException:
-        _send(["x", "reply failed"])
+    _r = _r.encode("utf-8", "surrogatepass")
+    os.write(5, len(_r).to_bytes(4, "big"))
+    while _r:
+        _r = _r[os.write(5, _r):]
 '''.replace("__CODEC__", CODEC_SRC)
 
 # The judge: the sandbox job's own program. SPEC is JSON made by code_formats.
 JUDGE_SRC = r'''
-import builtins, fcntl, json, os, select, signal, sys, time
+import builtins, fcntl, json, marshal, os, select, signal, sys, time
 SPEC = json.loads(__SPEC__)
 BOOT = __BOOT__
 __CODEC__
@@ -318,7 +346,7 @@ class Judge:
         if len(buf) != need:
             raise _Abort("bad frame")
         try:
-            msg = json.loads(bytes(buf[4:]))
+            msg = json.loads(bytes(buf[4:]).decode("utf-8", "surrogatepass"))
         except (ValueError, RecursionError, MemoryError):
             raise _Abort("reply is not valid data") from None
         if type(msg) is not list or not msg or type(msg[0]) is not str:
@@ -340,7 +368,7 @@ class Judge:
     def call(self, name, args, kwargs):
         if self.aborted:
             raise _Abort("earlier failure in this case")
-        payload = json.dumps([name, _enc(list(args)), _enc(dict(kwargs))]).encode()
+        payload = marshal.dumps((name, _enc(list(args)), _enc(dict(kwargs))))
         try:
             if self.pid is None:
                 self.start()
