@@ -22,6 +22,7 @@ capped by the pool: bounded work, no evaluation of anything the job printed.
 from __future__ import annotations
 
 import json
+import marshal
 import re
 import sys
 from typing import Any
@@ -207,8 +208,7 @@ while True:
 # The judge: the sandbox job's own program. SPEC is JSON made by code_formats.
 JUDGE_SRC = r'''
 import builtins, fcntl, json, marshal, os, select, signal, sys, time
-SPEC = json.loads(__SPEC__)
-BOOT = __BOOT__
+SPEC = json.loads(SPEC_JSON)  # SPEC_JSON and BOOT are set by the job's stub (judge_source)
 __CODEC__
 
 
@@ -516,11 +516,29 @@ os._exit(0)
 _VERDICT_RE = re.compile(r"(-1|\d{1,7}) (pass|fail) ?(.{0,400})")
 
 
+# The job: a stub that runs the judge from a marshalled code object (compiling the judge's ~300
+# lines in every job cost ~3 ms of the job's CPU); any other interpreter compiles the source.
+_STUB = """import marshal as _m, sys as _s
+SPEC_JSON = {spec!r}
+BOOT = {boot!r}
+_c = None
+if _s.implementation.cache_tag == {tag!r}:
+    try:
+        _c = _m.loads({code!r})
+    except Exception:
+        _c = None
+exec(_c if _c is not None else compile({src!r}, "<judge>", "exec"))
+"""
+_judge_code: bytes | None = None
+
+
 def judge_source(spec: dict) -> str:
     """The sandbox program for one completion's tests (spec made by `code_formats`)."""
-    return JUDGE_SRC.replace("__SPEC__", repr(json.dumps(spec))).replace(
-        "__BOOT__", repr(BOOT_SRC)
-    )
+    global _judge_code
+    if _judge_code is None:
+        _judge_code = marshal.dumps(compile(JUDGE_SRC, "<judge>", "exec", dont_inherit=True))
+    return _STUB.format(spec=json.dumps(spec), boot=BOOT_SRC, tag=sys.implementation.cache_tag,
+                        code=_judge_code, src=JUDGE_SRC)
 
 
 def parse_verdicts(stdout: str, n: int) -> tuple[list[bool], str | None]:
