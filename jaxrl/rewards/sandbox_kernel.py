@@ -281,12 +281,14 @@ def empty_dir(path: str, keep: frozenset = frozenset()) -> list[str]:
     except FileNotFoundError:
         return []
     try:
-        for name in os.listdir(fd):
-            if name not in keep:
-                try:
-                    remove_entry(fd, name)
-                except OSError:
-                    pass
+        new = [n for n in os.listdir(fd) if n not in keep]
+        if not new:
+            return []
+        for name in new:
+            try:
+                remove_entry(fd, name)
+            except OSError:
+                pass
         return [f"{path}/{n}" for n in os.listdir(fd) if n not in keep]
     finally:
         os.close(fd)
