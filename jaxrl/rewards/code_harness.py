@@ -306,6 +306,10 @@ class Judge:
             self.pid = self.req = self.rep = None
 
     def start(self):
+        self.launch()
+        self.ready()
+
+    def launch(self):
         if self.spawns > len(SPEC["cases"]):
             raise _Abort("candidate restarted too often")
         req_r, req_w = map(_high, os.pipe())
@@ -318,7 +322,10 @@ class Judge:
         self.req, self.rep = req_w, rep_r
         os.set_blocking(req_w, False)
         os.set_blocking(rep_r, False)
-        msg = self.recv(_now() + self.timeout)
+        self.t_launch = _now()
+
+    def ready(self):
+        msg = self.recv(self.t_launch + self.timeout)
         if msg[0] == "load" and len(msg) == 2:
             raise _Abort("load_error " + str(msg[1]))
         if msg[0] != "ready" or type(msg[1]) is not list:
@@ -433,6 +440,14 @@ class Judge:
 
     # -- the test
     def run(self):
+        cases = SPEC["cases"]
+        calls = any(c["k"] != "stdio" for c in cases)
+        launch_error = None
+        if calls:
+            try:
+                self.launch()  # the candidate's interpreter starts while the test is set up
+            except (OSError, _Abort) as e:
+                launch_error = _Abort("cannot start the candidate: %s" % e)
         ns = {"__name__": "__test__", "__builtins__": builtins}
         try:
             for mod in SPEC["auto_imports"]:
@@ -441,12 +456,13 @@ class Judge:
                 exec(compile(src, "<test setup>", "exec"), ns)
         except BaseException as e:
             self.emit(-1, False, "setup_error %s: %s" % (type(e).__name__, e))
+            self.stop()
             return
-        cases = SPEC["cases"]
-        if any(c["k"] != "stdio" for c in cases):
-            self.deadline = _now() + self.timeout
+        if calls:
             try:
-                self.start()
+                if launch_error:
+                    raise launch_error
+                self.ready()
             except _Abort as e:
                 for i in range(len(cases)):
                     self.emit(i, False, e)
