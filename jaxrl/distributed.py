@@ -113,6 +113,11 @@ def maybe_initialize(cfg: DistConfig) -> bool:
     return jax.process_count() > 1
 
 
+def initialized() -> bool:
+    """Whether `maybe_initialize` started `jax.distributed` in this process."""
+    return _initialized
+
+
 def is_leader() -> bool:
     """Only process 0 writes logs, traces and run files."""
     return jax.process_index() == 0

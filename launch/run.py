@@ -58,7 +58,7 @@ def _multi_process() -> bool:
 
     from jaxrl import distributed
 
-    return distributed._initialized and jax.process_count() > 1
+    return distributed.initialized() and jax.process_count() > 1
 
 
 def _leave(code: int) -> int:

@@ -7,6 +7,7 @@ experiment, evaluates pass@1 / pass@k on the held-out split and prints one JSON 
 one device (the fastest layout for a tiny model on CPU).
 """
 
+import contextlib
 import json
 import sys
 import time
@@ -15,18 +16,22 @@ import time
 def main(argv: list[str]) -> None:
     if not argv or argv[0].startswith("--"):
         raise SystemExit("usage: python launch/sft.py <config.py> [--key=value ...]")
+    from jaxrl.config import ConfigError, load_config  # no JAX: bad input is answered first
+
+    try:
+        cfg = load_config(argv[0], argv[1:])
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
     import jax
 
-    from jaxrl.config import load_config
-    from jaxrl.data.evaluate import evaluate
-    from jaxrl.train.sft import sft_model, warm_start
+    from jaxrl.controller.evaluator import evaluate
     from jaxrl.data.tasks import build_task
     from jaxrl.rewards import RewardScorer
     from jaxrl.rewards.pool import LocalSandboxPool
     from jaxrl.sharding import make_mesh
     from jaxrl.tokenizers import load_tokenizer
+    from jaxrl.train.sft import sft_model, warm_start
 
-    cfg = load_config(argv[0], argv[1:])
     tokenizer = load_tokenizer(cfg.tokenizer)
     task = build_task(cfg.data)
     mesh = make_mesh((1, 1), "trainer", jax.devices()[:1])
@@ -36,12 +41,17 @@ def main(argv: list[str]) -> None:
     if params is None:
         raise SystemExit("data.sft.steps is 0: nothing to warm-start")
     sft_s = time.perf_counter() - t0
-    with LocalSandboxPool() as pool, RewardScorer(task.reward_spec(), pool=pool) as scorer:
+    spec = task.reward_spec()
+    # a sandbox pool only for rewards that run code (e.g. arith or gsm8k need none)
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(LocalSandboxPool()) if spec.needs_pool else None
+        scorer = stack.enter_context(RewardScorer(spec, pool=pool))
         metrics = evaluate(sft_model(cfg.model, params), task, tokenizer, scorer, cfg=cfg.data,
                            seed=cfg.data.seed)
     print(json.dumps({"cache_hit": info["cache_hit"], "cache_path": info["cache_path"],
                       "sft_wall_s": round(info["wall_s"], 1), "total_sft_s": round(sft_s, 1),
-                      "losses": info["losses"], **metrics, "sandbox_tier": pool.tier}))
+                      "losses": info["losses"], **metrics,
+                      "sandbox_tier": pool.tier if pool is not None else None}))
 
 
 if __name__ == "__main__":

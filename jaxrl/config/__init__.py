@@ -25,8 +25,11 @@ from jaxrl.config.overrides import (
 from jaxrl.config.run import RunConfig
 from jaxrl.config.sections import (
     PIPELINE_MODES,
+    Architecture,
+    AttentionImpl,
     DistConfig,
     GenerateConfig,
+    KVLayout,
     MeshConfig,
     ModelConfig,
     PipelineConfig,
@@ -38,7 +41,8 @@ from jaxrl.config.sections import (
 from jaxrl.config.train import TrainConfig
 
 __all__ = [
-    "PIPELINE_MODES", "ConfigError", "DTypeName", "DataConfig", "DataConfigError", "DistConfig",
+    "PIPELINE_MODES", "Architecture", "AttentionImpl", "ConfigError", "KVLayout",
+    "DTypeName", "DataConfig", "DataConfigError", "DistConfig",
     "GenerateConfig", "MeshConfig", "ModelConfig", "PipelineConfig", "PipelineMode",
     "RewardsConfig", "RopeScaling", "RunConfig", "SFTConfig", "TrainConfig", "ahead_for",
     "apply_override", "apply_overrides", "load_config", "parse_value", "tiny_task_model_config",

@@ -17,11 +17,8 @@ CORRECTION_NAMES = ("decoupled", "m2po", "none", "tis_seq", "tis_token")
 SCHEDULE_NAMES = ("constant", "cosine")
 REMAT_NAMES = ("none", "full", "dots", "dots_no_batch")
 NAN_POLICIES = ("stop", "skip")
-# Corrections that need the generator's behaviour logprobs in the batch.
-NEEDS_BEHAVIOUR = ("decoupled", "m2po", "tis_seq", "tis_token")
-# Corrections whose weights/masks are computed on the whole batch from the proximal policy, which
-# the trainer recomputes (one forward pass) when the batch does not carry it.
-NEEDS_PROXIMAL = ("decoupled", "m2po")
+# What each correction needs in the batch, and where it runs, is registered with it
+# (`jaxrl.train.algorithms.CORRECTIONS.meta(name)`).
 
 
 def _choice(field: str, value: str, choices: tuple[str, ...]) -> None:
@@ -118,11 +115,3 @@ class TrainConfig:
         _check("lm_head_keep_mb", self.lm_head_keep_mb >= 0, self.lm_head_keep_mb, ">= 0")
         _check("checkpoint_every", self.checkpoint_every >= 0, self.checkpoint_every, ">= 0")
         _check("checkpoint_keep", self.checkpoint_keep >= 1, self.checkpoint_keep, ">= 1")
-
-    @property
-    def needs_behaviour(self) -> bool:
-        return self.correction in NEEDS_BEHAVIOUR
-
-    @property
-    def needs_proximal(self) -> bool:
-        return self.correction in NEEDS_PROXIMAL

@@ -1,16 +1,16 @@
-"""Rollouts, groups, and the versioned rollout buffer between generator and trainer.
+"""Rollouts, groups, the batch they become, and the staleness bound the trainer applies.
 
-A group is the `n` samples of one prompt. The buffer drops (and counts) groups whose rewards have
-zero variance — they carry no GRPO signal (DAPO's dynamic sampling) — and applies the staleness
-bound when the trainer takes data: a group whose oldest token is more than `max_staleness`
-versions behind the trainer is dropped, or kept with a down-weight, as configured.
+A group is the `n` samples of one prompt. `RolloutBuffer` is the producer's per-step collection:
+it drops (and counts) groups whose rewards have zero variance, which carry no GRPO signal (DAPO's
+dynamic sampling). The trainer side applies `apply_staleness_bound` to the batch it receives: a
+group whose oldest token is more than `max_staleness` versions behind the trainer is dropped, or
+kept with a down-weight, as configured. `groups_to_batch` lays groups out as the trainer's rows.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import threading
 from typing import Any, Literal
 
 import numpy as np
@@ -28,8 +28,6 @@ class Rollout:
     versions: list[int]  # policy version that produced each completion token
     finish_reason: str = "stop"
     reward: float = 0.0
-    components: dict[str, float] = dataclasses.field(default_factory=dict)
-    text: str = ""
 
     @property
     def min_version(self) -> int:
@@ -40,7 +38,6 @@ class Rollout:
 class Group:
     example: dict[str, Any]  # the task example (fields for the reward; never the model input)
     rollouts: list[Rollout]
-    index: int = 0  # position of the prompt in the data stream
     weight: float = 1.0  # < 1 when kept despite exceeding the staleness bound
 
     @property
@@ -65,57 +62,34 @@ class Group:
 class BufferCounters:
     groups_added: int = 0
     zero_variance: int = 0
-    stale_dropped: int = 0
-    stale_downweighted: int = 0
     groups_taken: int = 0
 
 
 class RolloutBuffer:
-    """Thread-safe FIFO of scored groups with zero-variance filtering and a staleness bound."""
+    """FIFO of scored groups that filters (and counts) zero-variance groups. One producer fills
+    and empties it within a step (single thread)."""
 
-    def __init__(self, *, filter_zero_variance: bool = True, max_staleness: int | None = None,
-                 stale_policy: StalePolicy = "drop", stale_weight: float = 0.5):
-        if stale_policy not in ("drop", "downweight"):
-            raise ValueError(
-                f"stale_policy: invalid value {stale_policy!r}; valid choices: drop, downweight"
-            )
+    def __init__(self, *, filter_zero_variance: bool = True):
         self.filter_zero_variance = filter_zero_variance
-        self.max_staleness = max_staleness
-        self.stale_policy = stale_policy
-        self.stale_weight = stale_weight
         self.counters = BufferCounters()
         self._groups: collections.deque[Group] = collections.deque()
-        self._cond = threading.Condition()
 
     def __len__(self) -> int:
-        with self._cond:
-            return len(self._groups)
+        return len(self._groups)
 
     def add(self, group: Group) -> bool:
         """Add a scored group; returns False if it was filtered out (zero reward variance)."""
-        with self._cond:
-            self.counters.groups_added += 1
-            if self.filter_zero_variance and group.zero_variance:
-                self.counters.zero_variance += 1
-                return False
-            self._groups.append(group)
-            self._cond.notify_all()
-            return True
+        self.counters.groups_added += 1
+        if self.filter_zero_variance and group.zero_variance:
+            self.counters.zero_variance += 1
+            return False
+        self._groups.append(group)
+        return True
 
-    def take(self, num_groups: int, trainer_version: int) -> list[Group]:
-        """Up to `num_groups` groups fit for `trainer_version` (oldest first); stale ones dropped
-        or down-weighted. May return fewer than asked when the buffer runs dry."""
-        out = []
-        with self._cond:
-            while self._groups and len(out) < num_groups:
-                kept, dropped, downweighted = apply_staleness_bound(
-                    [self._groups.popleft()], trainer_version, max_staleness=self.max_staleness,
-                    policy=self.stale_policy, weight=self.stale_weight,
-                )
-                self.counters.stale_dropped += dropped
-                self.counters.stale_downweighted += downweighted
-                out.extend(kept)
-            self.counters.groups_taken += len(out)
+    def take(self, num_groups: int) -> list[Group]:
+        """Up to `num_groups` groups, oldest first (fewer when the buffer runs dry)."""
+        out = [self._groups.popleft() for _ in range(min(num_groups, len(self._groups)))]
+        self.counters.groups_taken += len(out)
         return out
 
 

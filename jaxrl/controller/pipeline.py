@@ -23,10 +23,15 @@ The pipeline knows nothing about models: it calls
 * `train(step, produced) -> (metrics, params)` in the calling thread — one update on that batch;
 * `publish(params, version) -> (generator_params, metrics)` — reshards the trainer's `params`
   onto the generator mesh (weight sync); the result becomes what `weights()` returns.
+
+`call_on_generator(fn)` runs other work that needs the generator (mid-run evaluation) on the
+generator thread between batches, so one engine serves both.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -50,7 +55,7 @@ class Produced:
     num_tokens: int
     busy_s: float  # generator time spent producing it (excludes waiting for weights)
     min_version: int
-    extra: dict = dataclasses.field(default_factory=dict)  # e.g. data iterator state, stats
+    metrics: dict = dataclasses.field(default_factory=dict)  # the generator side's statistics
 
 
 class PipelineStopped(RuntimeError):
@@ -101,6 +106,7 @@ class Pipeline:
         self._gen_busy_s = 0.0
         self._published: _Published | None = None
         self._thread: threading.Thread | None = None
+        self._calls: collections.deque = collections.deque()  # work for the generator thread
 
     # ------------------------------------------------------------------ generator side
 
@@ -110,11 +116,46 @@ class Pipeline:
             while pub.version < version:
                 if self._stop.is_set():
                     raise PipelineStopped()
+                if self._calls:
+                    pub.cond.release()
+                    try:
+                        self._serve_calls()
+                    finally:
+                        pub.cond.acquire()
+                    continue
                 pub.cond.wait(self.poll_s)
+
+    def _serve_calls(self) -> None:
+        while self._calls:
+            fn, future = self._calls.popleft()
+            with self.trace.span("generator", getattr(fn, "__name__", "call")):
+                try:
+                    future.set_result(fn(self._published.get))
+                except BaseException as e:  # handed to the caller
+                    future.set_exception(e)
+
+    def call_on_generator(self, fn: Callable[[Callable[[], tuple[Any, int]]], Any]) -> Any:
+        """Run `fn(weights)` on the generator thread, between batches (or while it waits for
+        weights), and return its result: work that needs the generator's engine mid-run (e.g.
+        held-out evaluation with the newest published weights). Runs inline when the pipeline
+        is not running."""
+        if self._thread is None:
+            return fn(self._published.get if self._published else lambda: (None, -1))
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.append((fn, future))
+        while True:
+            try:
+                return future.result(timeout=self.poll_s)
+            except concurrent.futures.TimeoutError:
+                if self._error is not None:
+                    raise self._error from None
+                if self._stop.is_set() or not self._thread.is_alive():
+                    raise PipelineStopped() from None
 
     def _generator_loop(self, start: int, end: int) -> None:
         try:
             for b in range(start, end):
+                self._serve_calls()
                 t0 = time.perf_counter()
                 self._wait_for_version(b - self.ahead)
                 waited = time.perf_counter() - t0
@@ -130,6 +171,9 @@ class Pipeline:
                     self._ready_cond.notify_all()
                 if self._stop.is_set():
                     return
+            while not self._stop.is_set():  # every batch made: serve calls until the end
+                self._serve_calls()
+                self._stop.wait(self.poll_s)
         except PipelineStopped:
             return
         except BaseException as e:  # surfaced to the trainer thread

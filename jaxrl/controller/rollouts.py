@@ -51,11 +51,13 @@ class ProducerConfig:
 
 class RolloutProducer:
     def __init__(self, *, scheduler: Scheduler, task, tokenizer, prompts, scorer,
-                 cfg: ProducerConfig, trace: TraceWriter | None = None, tracker=None):
+                 cfg: ProducerConfig, trace: TraceWriter | None = None, tracker=None,
+                 data_states=None):
         self.scheduler, self.task, self.tokenizer = scheduler, task, tokenizer
         self.prompts, self.scorer, self.cfg = prompts, scorer, cfg
         self.trace = trace or TraceWriter()
         self.tracker = tracker
+        self.data_states = data_states  # a `DataStates`: the state after each batch is drawn
         self.version = None
 
     def _install(self, weights: Callable[[], tuple[Any, int]]) -> None:
@@ -97,15 +99,18 @@ class RolloutProducer:
         for record, group in zip(records, completions, strict=True):
             rollouts = []
             for c in group:
-                comps = {name: vals[k] for name, vals in scores.components.items()}
                 rollouts.append(Rollout(
                     prompt=list(c.prompt), completion=list(c.tokens), logprobs=list(c.logprobs),
                     versions=list(c.versions), finish_reason=c.finish_reason,
-                    reward=scores.total[k], components=comps, text=texts[k],
+                    reward=scores.total[k],
                 ))
                 k += 1
             groups.append(Group(example=record, rollouts=rollouts))
         return groups, scores.metrics()
+
+    def install(self, weights: Callable[[], tuple[Any, int]]) -> None:
+        """Put the newest published weights into the engine (if not there already)."""
+        self._install(weights)
 
     def evaluate(self, records: list[dict], *, pass_k: int, temperature: float, seed: int,
                  greedy: bool = True, prefix: str = "eval",
@@ -115,13 +120,16 @@ class RolloutProducer:
         `index_offset`: position of `records[0]` among all held-out records (a process's share
         in a multi-process run samples with the same seeds as one process would).
 
-        Runs on this producer's scheduler, so call it only while the pipeline is not running
-        (before the first step and after the last): no second engine, no recompilation.
+        Runs on this producer's scheduler: call it from the generator thread while the pipeline
+        runs (`Pipeline.call_on_generator`), or when it is not running. Metrics as
+        `jaxrl.data.evaluate.eval_metrics` defines them.
         """
-        from jaxrl.data.evaluate import pass_at_k_metrics
+        from jaxrl.data.evaluate import eval_metrics
 
         start = time.perf_counter()
         prompts = [self.task.render(r, self.tokenizer, self.cfg.prompt_format) for r in records]
+
+        errors = [0]
 
         def sample_rewards(n: int, temp: float) -> np.ndarray:
             ids = [self.scheduler.submit(p, SamplingParams(
@@ -134,15 +142,13 @@ class RolloutProducer:
                      for rid in ids for c in sorted(done[rid], key=lambda c: c.sample_index)]
             expanded = [r for r in records for _ in range(n)]
             scores = self.scorer.score_batch(self.task.reward_items(expanded, texts))
+            errors[0] += sum(scores.errors.values())
             return np.asarray(scores.total, np.float64).reshape(len(records), n)
 
         rewards = sample_rewards(pass_k, temperature)
-        metrics = pass_at_k_metrics(rewards >= 1.0, sorted({1, pass_k}), prefix)
-        metrics[f"{prefix}/reward_mean"] = float(rewards.mean())
-        if greedy:
-            metrics[f"{prefix}/greedy_pass@1"] = float(np.mean(sample_rewards(1, 0.0) >= 1.0))
-        metrics[f"{prefix}/time_s"] = time.perf_counter() - start
-        return metrics
+        greedy_rewards = sample_rewards(1, 0.0)[:, 0] if greedy else None
+        return eval_metrics(rewards, greedy_rewards, errors=errors[0],
+                            seconds=time.perf_counter() - start, prefix=prefix)
 
     def produce(self, step: int, weights: Callable[[], tuple[Any, int]]) -> Produced:
         start = time.perf_counter()
@@ -168,7 +174,9 @@ class RolloutProducer:
             rounds += 1
             if len(buffer) >= c.prompts_per_step or rounds > c.max_oversample_rounds:
                 break
-        chosen = buffer.take(c.prompts_per_step, trainer_version=step)
+        if self.data_states is not None:  # what a checkpoint after training this batch saves
+            self.data_states.record(step)
+        chosen = buffer.take(c.prompts_per_step)
         dropped_extra = len(buffer)
         filler = fallback[: c.prompts_per_step - len(chosen)]
         groups = chosen + filler
@@ -198,6 +206,5 @@ class RolloutProducer:
             step=step, payload=groups, num_rollouts=n_rollouts,
             num_tokens=sum(g.num_tokens for g in groups), busy_s=time.perf_counter() - start,
             min_version=min(g.min_version for g in groups),
-            extra={"metrics": metrics, "data_state": self.prompts.get_state(),
-                   "tracker_state": self.tracker.get_state() if self.tracker else None},
+            metrics=metrics,
         )

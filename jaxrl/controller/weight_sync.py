@@ -72,7 +72,6 @@ class WeightSync:
         self.dtype = None if dtype is None else jnp.dtype(dtype)
         self.chunk_bytes = int(chunk_bytes)
         self.gather = gather
-        self.history: list[SyncStats] = []
 
     def _out_dtype(self, dtype):
         if self.dtype is not None and jnp.issubdtype(dtype, jnp.floating):
@@ -124,9 +123,25 @@ class WeightSync:
             for i, x in zip(group, placed, strict=True):
                 moved[i] = x
         stats = SyncStats(bytes=sum(sizes), seconds=time.perf_counter() - start, chunks=len(groups))
-        self.history.append(stats)
         rebuilt, k = [], 0
         for sub_def, n in where:
             rebuilt.append(jax.tree.unflatten(sub_def, moved[k : k + n]))
             k += n
         return jax.tree.unflatten(shard_def, rebuilt), stats
+
+
+class GeneratorPublisher:
+    """The pipeline's `publish`: reshard trainer params with a `WeightSync`, rebuild the generator
+    model's state from them (`graphdef`), and report the sync's time, bytes and bandwidth."""
+
+    def __init__(self, sync: WeightSync, graphdef):
+        self.sync, self.graphdef = sync, graphdef
+
+    def publish(self, params: Any, version: int) -> tuple[Any, dict]:
+        from flax import nnx
+
+        gen_params, stats = self.sync(params)
+        gen_state = nnx.state(nnx.merge(self.graphdef, gen_params))
+        return gen_state, {"pipeline/weight_sync_s": stats.seconds,
+                           "pipeline/weight_sync_gbps": stats.gbps,
+                           "pipeline/weight_sync_bytes": float(stats.bytes)}

@@ -32,20 +32,28 @@ _MAX_LOG_RATIO = 20.0
 
 
 class Registry:
-    """Name -> function table; an unknown name fails listing the valid ones."""
+    """Name -> function table (plus what each entry declares about itself, `meta`); an unknown
+    name fails listing the valid ones."""
 
     def __init__(self, kind: str):
         self.kind = kind
         self._fns: dict[str, Callable[..., Any]] = {}
+        self._meta: dict[str, dict[str, Any]] = {}
 
-    def register(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def register(self, name: str, **meta: Any) -> Callable[[Callable[..., Any]],
+                                                             Callable[..., Any]]:
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             if name in self._fns:
                 raise ValueError(f"{self.kind} {name!r} registered twice")
             self._fns[name] = fn
+            self._meta[name] = dict(meta)
             return fn
 
         return deco
+
+    def meta(self, name: str) -> dict[str, Any]:
+        self.get(name)  # the error for an unknown name
+        return self._meta[name]
 
     def get(self, name: str) -> Callable[..., Any]:
         if name not in self._fns:
@@ -60,6 +68,10 @@ ADVANTAGES = Registry("advantage estimator")
 POLICY_LOSSES = Registry("policy loss")
 AGGREGATIONS = Registry("loss aggregation")
 KL_ESTIMATORS = Registry("KL estimator")
+# An off-policy correction declares what it `needs` in the batch ("behaviour": the generator's
+# logprobs; "proximal": pi_old recomputed by the trainer) and its `scope`: "batch" corrections
+# (e.g. a batch-global mask) run once on the full batch before the micro-batch loop,
+# "micro_batch" ones inside each micro-batch's loss, "none" not at all.
 CORRECTIONS = Registry("off-policy correction")
 
 
@@ -361,7 +373,7 @@ def _is_stats(w_BT: Array, mask_BT: Array, new_mask_BT: Array) -> Stats:
     }
 
 
-@CORRECTIONS.register("none")
+@CORRECTIONS.register("none", needs=(), scope="none")
 def no_correction(old_logp_BT, behav_logp_BT, mask_BT, *, cap, m2_tau):
     """w = 1: trust that behaviour == proximal policy (on-policy, identical numerics)."""
     del behav_logp_BT, cap, m2_tau
@@ -369,7 +381,7 @@ def no_correction(old_logp_BT, behav_logp_BT, mask_BT, *, cap, m2_tau):
     return w_BT, mask_BT, _is_stats(w_BT, mask_BT, mask_BT)
 
 
-@CORRECTIONS.register("tis_token")
+@CORRECTIONS.register("tis_token", needs=("behaviour",), scope="micro_batch")
 def tis_token(old_logp_BT, behav_logp_BT, mask_BT, *, cap, m2_tau):
     """Truncated IS, token level:  w_t = min(pi_old(y_t) / mu(y_t), C).
 
@@ -380,7 +392,7 @@ def tis_token(old_logp_BT, behav_logp_BT, mask_BT, *, cap, m2_tau):
     return w_BT, mask_BT, _is_stats(w_BT, mask_BT, mask_BT)
 
 
-@CORRECTIONS.register("tis_seq")
+@CORRECTIONS.register("tis_seq", needs=("behaviour",), scope="micro_batch")
 def tis_seq(old_logp_BT, behav_logp_BT, mask_BT, *, cap, m2_tau):
     """Truncated IS, sequence level:  w_i = min(prod_t pi_old(y_it) / mu(y_it), C), on every token
     of sequence i. Computed in log space. Yao et al. 2025 (TIS, sequence variant); Espeholt et
@@ -393,7 +405,7 @@ def tis_seq(old_logp_BT, behav_logp_BT, mask_BT, *, cap, m2_tau):
     return w_BT, mask_BT, _is_stats(w_BT, mask_BT, mask_BT)
 
 
-@CORRECTIONS.register("decoupled")
+@CORRECTIONS.register("decoupled", needs=("behaviour", "proximal"), scope="micro_batch")
 def decoupled(old_logp_BT, behav_logp_BT, mask_BT, *, cap, m2_tau):
     """Decoupled PPO: the PPO ratio is taken against the proximal policy pi_prox (recomputed by the
     trainer; the step refuses to run without it) and the loss is weighted by the truncated
@@ -406,7 +418,7 @@ def decoupled(old_logp_BT, behav_logp_BT, mask_BT, *, cap, m2_tau):
     return tis_token(old_logp_BT, behav_logp_BT, mask_BT, cap=cap, m2_tau=m2_tau)
 
 
-@CORRECTIONS.register("m2po")
+@CORRECTIONS.register("m2po", needs=("behaviour", "proximal"), scope="batch")
 def m2po(old_logp_BT, behav_logp_BT, mask_BT, *, cap, m2_tau):
     """Second-moment trust region (M2PO): drop the tokens with the largest M2_t = (log r_t)^2,
     log r_t = log pi_old(y_t) - log mu(y_t), until the batch mean of M2 over the kept tokens is

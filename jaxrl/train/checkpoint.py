@@ -2,7 +2,7 @@
 
     ckpt = Checkpointer(run_dir / "checkpoints", every=100, keep=3)
     ckpt.register("data", get=lambda: it.get_state(), set=it.set_state)   # any JSON-able state
-    ckpt.maybe_save(trainer.state)          # every `every` steps, asynchronous
+    ckpt.maybe_save(trainer.state, step=s)  # every `every` steps, asynchronous
     state = ckpt.restore(abstract_state)    # latest; shardings taken from `abstract_state`
 
 Saving is asynchronous: the arrays are copied off the devices, then written in the background
@@ -50,17 +50,20 @@ class Checkpointer:
             state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(extra)
         )
 
-    def maybe_save(self, state: TrainState, *, force: bool = False) -> bool:
-        """Save if `state.step` is a multiple of `every` (or `force`); returns whether it did."""
-        step = int(jax.device_get(state.step))
+    def maybe_save(self, state: TrainState, *, step: int | None = None,
+                   force: bool = False) -> bool:
+        """Save as `step` (default `state.step`, the updates applied) if it is a multiple of
+        `every` (or `force`); returns whether it did. A run numbers its checkpoints by pipeline
+        steps, which differ from `state.step` once an update was skipped (nan_policy="skip")."""
+        step = int(jax.device_get(state.step)) if step is None else int(step)
         if not force and (self.every == 0 or step % self.every):
             return False
         if step in self._manager.all_steps():
             return False
         return self._manager.save(step, args=self._save_args(state), force=True)
 
-    def save(self, state: TrainState) -> bool:
-        return self.maybe_save(state, force=True)
+    def save(self, state: TrainState, *, step: int | None = None) -> bool:
+        return self.maybe_save(state, step=step, force=True)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()

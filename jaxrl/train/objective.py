@@ -33,17 +33,24 @@ class Targets:
     mask_BT: jax.Array  # loss mask after batch-global masking (M2PO)
     num_tokens: jax.Array
     num_seqs: jax.Array
+    w_BT: jax.Array | None = None  # importance weights of a batch-scope correction
+
+
+def correction_needs(cfg: TrainConfig) -> tuple[str, ...]:
+    """What the configured correction needs in the batch ("behaviour", "proximal")."""
+    return A.CORRECTIONS.meta(cfg.correction)["needs"]
 
 
 def check_batch_for(cfg: TrainConfig, batch: Batch) -> None:
     """Fail early (host side, at trace time) when the batch lacks what the config needs."""
-    if cfg.needs_behaviour and batch.behaviour_logprobs is None:
+    needs = correction_needs(cfg)
+    if "behaviour" in needs and batch.behaviour_logprobs is None:
         raise ValueError(
             f"train.correction={cfg.correction!r} needs the generator's behaviour logprobs, but "
             "batch.behaviour_logprobs is None; have the generator return them or set "
             "train.correction='none'"
         )
-    if cfg.needs_proximal and batch.proximal_logprobs is None:
+    if "proximal" in needs and batch.proximal_logprobs is None:
         raise ValueError(
             f"train.correction={cfg.correction!r} needs batch.proximal_logprobs (pi_old recomputed "
             "by the trainer); call Trainer.prepare(batch) first"
@@ -69,8 +76,8 @@ def prepare_targets(cfg: TrainConfig, batch: Batch) -> tuple[Targets, dict]:
     adv_fn = A.ADVANTAGES.get(cfg.advantage)
     adv_B = adv_fn(rewards_B, batch.group_ids, valid_B, eps=cfg.adv_eps)
     mask_BT = batch.loss_mask
-    if cfg.correction == "m2po":
-        _, mask_BT, cstats = A.m2po(
+    if A.CORRECTIONS.meta(cfg.correction)["scope"] == "batch":  # e.g. M2PO's global mask
+        w_BT, mask_BT, cstats = A.CORRECTIONS.get(cfg.correction)(
             batch.proximal_logprobs,
             batch.behaviour_logprobs,
             mask_BT,
@@ -78,10 +85,14 @@ def prepare_targets(cfg: TrainConfig, batch: Batch) -> tuple[Targets, dict]:
             m2_tau=cfg.m2_tau,
         )
         stats.update({f"is/{k.removeprefix('is_')}": v for k, v in cstats.items()})
+    else:
+        w_BT = None
     num_tokens, num_seqs = A.batch_counts(mask_BT)
     stats["train/loss_tokens"] = num_tokens
     stats["train/advantage_abs_mean"] = A.masked_mean(jnp.abs(adv_B), valid_B)
-    return Targets(adv_B=adv_B, mask_BT=mask_BT, num_tokens=num_tokens, num_seqs=num_seqs), stats
+    targets = Targets(adv_B=adv_B, mask_BT=mask_BT, num_tokens=num_tokens, num_seqs=num_seqs,
+                      w_BT=w_BT)
+    return targets, stats
 
 
 def policy_objective(
@@ -96,8 +107,8 @@ def policy_objective(
     else:  # one update per batch: pi_old is the current policy (ratio 1, gradient flows)
         old_BT = jax.lax.stop_gradient(logp_BT)
     stats = {}
-    w_BT = None
-    if cfg.correction in ("tis_token", "tis_seq", "decoupled"):
+    w_BT = targets.w_BT
+    if A.CORRECTIONS.meta(cfg.correction)["scope"] == "micro_batch":
         corr = A.CORRECTIONS.get(cfg.correction)
         w_BT, mask_BT, cstats = corr(
             jax.lax.stop_gradient(old_BT),

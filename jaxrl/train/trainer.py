@@ -22,6 +22,7 @@ from jaxrl.config import ModelConfig, TrainConfig
 from jaxrl.train.batch import Batch, check_batch, pad_batch, padded_shape
 from jaxrl.train.flops import mfu, peak_flops, train_flops_per_token
 from jaxrl.train.logprobs import make_logprobs_fn
+from jaxrl.train.objective import correction_needs
 from jaxrl.train.state import (
     TrainState,
     init_train_state,
@@ -96,7 +97,7 @@ class Trainer:
         check_batch(batch)
         batch = self.pad(batch)
         batch = jax.device_put(batch, batch_shardings(batch, self.mesh))
-        if self.cfg.needs_proximal and batch.proximal_logprobs is None:
+        if "proximal" in correction_needs(self.cfg) and batch.proximal_logprobs is None:
             batch = batch.replace(proximal_logprobs=self.logprobs(self.state.params, batch))
         if self.cfg.kl_coef > 0 and batch.ref_logprobs is None:
             batch = batch.replace(ref_logprobs=self.logprobs(self.ref_params, batch))

@@ -17,7 +17,7 @@ def _group(rewards, version=0, prompt=(5, 6, 7), index=0):
                 versions=[version, version + 1], reward=r)
         for i, r in enumerate(rewards)
     ]
-    return Group(example={}, rollouts=rollouts, index=index)
+    return Group(example={"index": index}, rollouts=rollouts)
 
 
 def test_zero_variance_groups_are_filtered_and_counted():
@@ -31,19 +31,23 @@ def test_zero_variance_groups_are_filtered_and_counted():
 
 
 def test_staleness_bound_drops_or_downweights():
-    buf = RolloutBuffer(max_staleness=1)
-    for v in (0, 1, 2, 3):
-        buf.add(_group([0.0, 1.0], version=v, index=v))
-    taken = buf.take(4, trainer_version=3)
+    groups = [_group([0.0, 1.0], version=v, index=v) for v in (0, 1, 2, 3)]
+    kept, dropped, _ = apply_staleness_bound(groups, 3, max_staleness=1)
     # min versions 0,1,2,3 -> staleness 3,2,1,0: only the last two fit a bound of 1
-    assert [g.index for g in taken] == [2, 3] and buf.counters.stale_dropped == 2
-    assert all(3 - g.min_version <= 1 for g in taken)
-    soft = RolloutBuffer(max_staleness=1, stale_policy="downweight", stale_weight=0.5)
-    soft.add(_group([0.0, 1.0], version=0))
-    (g,) = soft.take(1, trainer_version=3)
-    assert g.weight == 0.25 and soft.counters.stale_downweighted == 1
-    with pytest.raises(ValueError, match="valid choices: drop, downweight"):
-        RolloutBuffer(stale_policy="decay")
+    assert [g.example["index"] for g in kept] == [2, 3] and dropped == 2
+    assert all(3 - g.min_version <= 1 for g in kept)
+    (g,), _, down = apply_staleness_bound([_group([0.0, 1.0], version=0)], 3, max_staleness=1,
+                                          policy="downweight", weight=0.5)
+    assert g.weight == 0.25 and down == 1
+
+
+def test_buffer_takes_oldest_first_and_keeps_nothing_stale():
+    buf = RolloutBuffer()
+    for i in range(3):
+        buf.add(_group([0.0, 1.0], index=i))
+    assert [g.example["index"] for g in buf.take(2)] == [0, 1]
+    assert [g.example["index"] for g in buf.take(5)] == [2] and len(buf) == 0
+    assert buf.counters.groups_taken == 3
 
 
 def test_staleness_stats_are_token_weighted():
@@ -75,7 +79,7 @@ def test_apply_staleness_bound_and_batch_weights():
     groups = [_group([0.0, 1.0], version=v, index=v) for v in (0, 2, 3)]
     # trainer version 3, bound 1: staleness 3, 1, 0 -> only the first exceeds, by 2 versions
     kept, dropped, down = apply_staleness_bound(groups, 3, max_staleness=1, policy="drop")
-    assert [g.index for g in kept] == [2, 3] and (dropped, down) == (1, 0)
+    assert [g.example["index"] for g in kept] == [2, 3] and (dropped, down) == (1, 0)
     kept, dropped, down = apply_staleness_bound(
         groups, 3, max_staleness=1, policy="downweight", weight=0.5
     )

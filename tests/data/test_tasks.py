@@ -228,8 +228,8 @@ def test_builtin_task_names_match_the_registry():
 def test_gsm8k_through_a_real_hf_chat_template(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from jaxrl.train.sft import sft_rows
     from jaxrl.tokenizers import HFTokenizer
+    from jaxrl.train.sft import sft_rows
 
     chatml = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

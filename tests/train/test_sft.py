@@ -9,12 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl.train import sft as sft_mod
 from jaxrl.data.config import DataConfig, SFTConfig
 from jaxrl.data.tasks import build_task
 from jaxrl.sharding import make_mesh
 from jaxrl.testing import tiny_model_config
 from jaxrl.tokenizers import CharTokenizer
+from jaxrl.train import sft as sft_mod
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_cache_is_keyed_atomic_and_reused(tmp_path, mesh, monkeypatch):
 
 @pytest.mark.slow
 def test_short_sft_lowers_loss_and_solves_some_held_out_problems(mesh):
-    from jaxrl.data.evaluate import evaluate
+    from jaxrl.controller.evaluator import evaluate
     from jaxrl.rewards import RewardScorer
     from jaxrl.rewards.pool import LocalSandboxPool
 

@@ -1,0 +1,172 @@
+"""The pieces `jaxrl.run` builds, one function each: run directory, model config, initial
+parameters, generator (engine + scheduler + weight publisher) and the reward side."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+from jaxrl.config import ConfigError, RunConfig, to_dict
+from jaxrl.controller.metrics import read_metrics
+from jaxrl.rounding import next_power_of_two, round_up
+
+log = logging.getLogger("jaxrl")
+
+
+def prepare_run_dir(cfg: RunConfig, resume: bool, *, leader: bool) -> Path:
+    """The run directory: new (config.json written), or one with checkpoints for `--resume`."""
+    run_dir = cfg.path
+    if not leader:
+        return run_dir
+    ckpt = run_dir / "checkpoints"
+    has_ckpt = ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
+    if has_ckpt and not resume:
+        raise ConfigError(
+            f"run directory {run_dir} already has checkpoints; pass --resume to continue it or "
+            f"choose another --name")
+    if resume and not has_ckpt:
+        raise ConfigError(f"--resume: no checkpoint under {ckpt}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str))
+    return run_dir
+
+
+def truncate_metrics(run_dir: Path, from_step: int) -> None:
+    """On resume, drop rows logged after the checkpoint so steps continue without duplicates."""
+    path = run_dir / "metrics.jsonl"
+    if path.exists():
+        rows = [r for r in read_metrics(run_dir) if r.get("step", 0) < from_step]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(path)
+
+
+def model_config(cfg: RunConfig, tokenizer):
+    """`cfg.model`, or the Hugging Face model's own config when `cfg.init` names one."""
+    model_cfg = cfg.model
+    if cfg.init:
+        from jaxrl.models.hf import config_from_hf
+
+        hf = json.loads((Path(cfg.init) / "config.json").read_text())
+        model_cfg = config_from_hf(hf, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
+                                   attention_impl=cfg.model.attention_impl,
+                                   remat=cfg.model.remat)
+    if model_cfg.vocab_size < tokenizer.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
+            f"vocabulary ({tokenizer.vocab_size})")
+    return model_cfg
+
+
+def max_prompt_len(cfg: RunConfig, task, tokenizer) -> int:
+    """The longest prompt the KV cache is sized for: 1.5x the longest of 64 held-out ones + 8."""
+    records = task.eval_records(min(64, cfg.data.eval_size))
+    lengths = [len(task.render(r, tokenizer, cfg.data.prompt_format)) for r in records]
+    return int(max(lengths) * 1.5) + 8
+
+
+def initial_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes):
+    """Params on the trainer mesh and their metrics: HF weights, or random init plus the cached
+    SFT warm start."""
+    from jaxrl.train.sft import warm_start
+    from jaxrl.train.state import params_from_model
+
+    if cfg.init:
+        from jaxrl.models.hf import load_pretrained
+
+        _, model = load_pretrained(cfg.init, mesh=mesh, role="trainer",
+                                   dtype=model_cfg.param_dtype)
+        return params_from_model(model), {}
+    processes.check_sft_cached(cfg, model_cfg, tokenizer)
+    params, info = warm_start(model_cfg, cfg.data, mesh=mesh, tokenizer=tokenizer, task=task,
+                              on_log=lambda s, m: log.info("sft step %d: %s", s, m))
+    if params is None:
+        from jaxrl.models import create_model
+
+        model = create_model(model_cfg, mesh=mesh, role="trainer", seed=cfg.seed)
+        return params_from_model(model), {}
+    return params, {"sft/cache_hit": float(info.get("cache_hit", False)),
+                    "sft/wall_s": float(info.get("wall_s", 0.0))}
+
+
+def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, version: int,
+              eos_id: int, multi: bool):
+    """(publisher, engine, scheduler): the generator's copy of the model on its own mesh, in
+    `generate.dtype`, filled from the trainer's params by resharding."""
+    from flax import nnx
+
+    from jaxrl.controller.weight_sync import GeneratorPublisher, WeightSync
+    from jaxrl.distributed import local_replica
+    from jaxrl.generate.engine import JaxEngine
+    from jaxrl.generate.scheduler import Scheduler
+    from jaxrl.models.model import abstract_model
+    from jaxrl.sharding import pure_state_shardings
+
+    gen_dtype = cfg.generate.dtype or model_cfg.param_dtype
+    gen_cfg = dataclasses.replace(model_cfg, param_dtype=gen_dtype, dtype=gen_dtype)
+    graphdef, abstract = nnx.split(abstract_model(gen_cfg))
+    targets = pure_state_shardings(abstract, mesh, "generator")
+    sync = WeightSync(targets, dtype=gen_dtype, gather=local_replica if multi else None)
+    gen_params, _ = sync(trainer_params)
+    engine = JaxEngine(nnx.merge(graphdef, gen_params),
+                       num_slots=round_up(cfg.generate.num_slots, mesh.shape["dp"]),
+                       max_len=cfg.generate.max_len or next_power_of_two(seq_len, minimum=16),
+                       mesh=mesh, chunk_steps=cfg.generate.chunk_steps, eos_ids=(eos_id,),
+                       version=version, kv_layout=cfg.generate.kv_layout,
+                       page_size=cfg.generate.page_size)
+    return GeneratorPublisher(sync, graphdef), engine, Scheduler(engine)
+
+
+def rewards(cfg: RunConfig, task, *, multi: bool, closers: list):
+    """(pool or None, scorer): a sandbox pool only when the task's rewards run code."""
+    from jaxrl.rewards import LocalSandboxPool, RewardScorer
+
+    rc = cfg.rewards
+    spec = task.reward_spec(timeout_s=rc.timeout_s)
+    pool = None
+    if spec.needs_pool:
+        if rc.backend == "ray":
+            from jaxrl.rewards import RaySandboxPool
+
+            if multi and rc.address and not rc.num_workers:
+                raise ConfigError(
+                    "rewards.backend=ray with a shared cluster (rewards.address) and several "
+                    "processes: set --rewards.num_workers to each process's share of the "
+                    "cluster's CPUs (each process starts its own sandbox actors)")
+            pool = RaySandboxPool(address=rc.address, tier=rc.tier,
+                                  num_workers=rc.num_workers or None)
+        else:
+            pool = LocalSandboxPool(rc.num_workers or None, tier=rc.tier)
+        closers.append(pool.close)
+        log.info("sandbox pool: %s backend, tier %s", rc.backend, getattr(pool, "tier", "?"))
+    scorer = RewardScorer(spec, pool=pool, num_workers=rc.scorer_workers)
+    closers.append(scorer.close)
+    return pool, scorer
+
+
+def reward_metrics(pool, scorer) -> dict:
+    """The sandbox and scorer columns of a metrics row."""
+    if pool is not None:
+        metrics = pool.metrics()
+    else:  # this task's rewards run no code: no sandbox jobs
+        metrics = {"sandbox/queue_wait_s_p50": 0.0, "sandbox/exec_s_p50": 0.0,
+                   "sandbox/timeouts": 0.0}
+    metrics.update(scorer.metrics())
+    return metrics
+
+
+def planner_report(run_dir: Path) -> str | None:
+    """The planner's recommended split from this run's measured rates (advice; never fails)."""
+    try:
+        from jaxrl.planner.cli import format_recommendation
+        from jaxrl.planner.measured import from_measured, read_run
+
+        rec = from_measured(read_run(run_dir))
+        return ("planner, from this run's measured rates "
+                f"(python launch/plan.py --from-run {run_dir}):\n" + format_recommendation(rec))
+    except Exception as e:  # noqa: BLE001 - advice only; never fail a finished run
+        log.debug("planner feedback unavailable: %s", e)
+        return None
