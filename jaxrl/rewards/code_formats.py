@@ -153,7 +153,7 @@ def _list_cases(tests: Sequence, func_name: str | None = None) -> list[dict]:
 
 
 def build_spec(item: Mapping[str, Any], code: str, *, timeout_s: float,
-               max_reply_bytes: int = 8 << 20, max_stdout_bytes: int = 1 << 20) -> dict:
+               max_reply_bytes: int = 8 << 20) -> dict:
     """The judge's spec for one item (its tests in any format above) and candidate `code`.
 
     Raises ValueError naming the problem for a bad or unrecognised test spec.
@@ -217,7 +217,6 @@ def build_spec(item: Mapping[str, Any], code: str, *, timeout_s: float,
         "cases": cases,
         "timeout": float(timeout_s),
         "max_reply": int(max_reply_bytes),
-        "max_stdout": int(max_stdout_bytes),
     }
 
 

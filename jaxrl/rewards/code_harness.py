@@ -10,9 +10,9 @@ complex, str, bytes, list, tuple, dict, set, frozenset, Counter, OrderedDict, de
 of one of these travels as its base type's value; nothing with behaviour crosses). Every predicate,
 comparison and helper of the test therefore runs in the judge with clean builtins and modules.
 The judge writes one verdict line per case to its stdout, a pipe the candidate has no descriptor
-for: the candidate's fds 0-2 are /dev/null (or its stdin / a capture pipe for stdin/stdout tests),
-the judge is not dumpable (so `/proc/<judge>/fd` and `/proc/<judge>/mem` are closed to the same
-uid) and ptrace is denied by the sandbox's seccomp filter. The judge ignores every catchable
+for: the candidate's fds 0-2 are /dev/null, the judge is not dumpable (so `/proc/<judge>/fd` and
+`/proc/<judge>/mem` are closed to the same uid) and ptrace is denied by the sandbox's seccomp
+filter. The judge ignores every catchable
 signal; SIGKILL/SIGSTOP from the candidate only lose verdicts, which count as failures.
 
 The trusted side (`parse_verdicts`) reads only `<index> pass|fail <reason>` lines from a stdout
@@ -109,8 +109,8 @@ _codec: dict[str, Any] = {"sys": sys}
 exec(compile(CODEC_SRC, "<codec>", "exec"), _codec)  # noqa: S102 - our own constant source
 encode, decode = _codec["_enc"], _codec["_dec"]
 
-# The candidate's process: `python -I -S -c BOOT calls|stdio`. Its source is on fd 3 (a memfd).
-# calls: requests on fd 4, replies on fd 5, fds 0-2 /dev/null. stdio: the program as __main__.
+# The candidate's process: `python -I -S -c BOOT calls`. Its source is on fd 3 (a memfd),
+# requests on fd 4, replies on fd 5; fds 0-2 are /dev/null.
 BOOT_SRC = r'''
 import os, sys
 _src = b""
@@ -121,10 +121,6 @@ while True:
     _src += _c
 os.close(3)
 _src = _src.decode("utf-8", "surrogatepass")
-if sys.argv[1] == "stdio":
-    del _c
-    exec(compile(_src, "<solution>", "exec"), {"__name__": "__main__"})
-    raise SystemExit(0)
 import marshal
 __CODEC__
 # No json here (importing it doubles this interpreter's start-up): requests come as marshal of
@@ -405,45 +401,11 @@ class Judge:
         candidate_function.__name__ = candidate_function.__qualname__ = name
         return candidate_function
 
-    # -- stdin/stdout cases
-    def stdio(self, case):
-        stdin = _memfd(case["stdin"].encode("utf-8", "surrogatepass"))
-        out_r, out_w = map(_high, os.pipe())
-        try:
-            pid = self.spawn("stdio", [stdin, out_w, self.null])
-        finally:
-            os.close(stdin)
-            os.close(out_w)
-        buf, exited = bytearray(), False
-        try:
-            while True:
-                left = self.deadline - _now()
-                if left <= 0:
-                    return False, "timeout"
-                ready = select.select([out_r], [], [], min(left, 0.05))[0]
-                if ready:
-                    chunk = os.read(out_r, 1 << 16)
-                    if not chunk:
-                        break
-                    buf += chunk
-                    if len(buf) > SPEC["max_stdout"]:
-                        return False, "output over %d bytes" % SPEC["max_stdout"]
-                elif exited:
-                    break  # the program ended; a leftover child holding the pipe is not waited
-                elif os.waitpid(pid, os.WNOHANG)[0]:
-                    exited = True
-        finally:
-            os.close(out_r)
-            self.kill(pid)
-        got = _norm(buf.decode("utf-8", "replace"))
-        return got == _norm(case["expected"]), "wrong output"
-
     # -- the test
     def run(self):
         cases = SPEC["cases"]
-        calls = any(c["k"] != "stdio" for c in cases)
         launch_error = None
-        if calls:
+        if cases:
             try:
                 self.launch()  # the candidate's interpreter starts while the test is set up
             except (OSError, _Abort) as e:
@@ -458,7 +420,7 @@ class Judge:
             self.emit(-1, False, "setup_error %s: %s" % (type(e).__name__, e))
             self.stop()
             return
-        if calls:
+        if cases:
             try:
                 if launch_error:
                     raise launch_error
@@ -485,10 +447,7 @@ class Judge:
         self.stop()
 
     def case(self, case, ns):
-        k = case["k"]
-        if k == "stdio":
-            return self.stdio(case)
-        if k == "code":
+        if case["k"] == "code":
             exec(compile(case["src"], "<test>", "exec"), ns)
             return True, ""
         got = self.call(case["fn"], _dec(case["args"]), _dec(case["kwargs"]))
@@ -519,10 +478,6 @@ def _close(a, b, rel, abs_):
     if type(a) is dict and type(b) is dict:
         return a.keys() == b.keys() and all(_close(a[k], b[k], rel, abs_) for k in a)
     return type(a) is type(b) and a == b
-
-
-def _norm(text):
-    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()).strip("\n")
 
 
 Judge().run()

@@ -1,12 +1,14 @@
 """The `code_tests` reward: run a completion's code against its tests in the sandbox pool.
 
-One sandbox job per completion runs the two-process harness of `code_harness`: the candidate's
-code runs in a fresh interpreter that only computes values, and a clean judge process, which never
-loads the candidate's code, runs the test code (with proxies standing in for the candidate's
-functions), compares, and writes the verdicts on a channel the candidate cannot reach. The
-trusted side here only counts `<index> pass|fail` lines. Test formats: see `code_formats`
-(HumanEval, MBPP, stdin/stdout pairs as in APPS / CodeContests / LiveCodeBench, function calls,
-assert lists). The exit status is never a verdict.
+Test code and function cases: one sandbox job per completion runs the two-process harness of
+`code_harness`: the candidate's code runs in a fresh interpreter that only computes values, and a
+clean judge process, which never loads the candidate's code, runs the test code (with proxies
+standing in for the candidate's functions), compares, and writes the verdicts on a channel the
+candidate cannot reach; the trusted side here only counts `<index> pass|fail` lines.
+Stdin/stdout cases: one plain job per case; the expected output never enters the sandbox and the
+normalised stdout is compared here (bounded: stdout is capped by the pool). Test formats: see
+`code_formats` (HumanEval, MBPP, stdin/stdout pairs as in APPS / CodeContests / LiveCodeBench,
+function calls, assert lists). The exit status is never a verdict.
 
 `TestCase`, `harness_source`, `parse_harness_output` and `values_equal` are the older
 single-process harness, kept for `jaxrl.data.pysynth` (its own tests compare values on the
@@ -22,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxrl.rewards import code_formats, code_harness
-from jaxrl.rewards.types import MAX_CODE_BYTES, SandboxJob
+from jaxrl.rewards.types import MAX_CODE_BYTES, SandboxJob, SandboxResult
 
 MODES = ("fraction", "all")
 _CODE_BLOCK_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -181,12 +183,14 @@ def code_tests_batch(
     memory_mb: int = 512,
     max_job_timeout_s: float = 120.0,
 ) -> list[float | Exception]:
-    """Scores many completions with ONE `pool.run` call (one job per completion). Per item: the
-    fraction of test cases passed (mode="fraction") or 1.0 only if all pass (mode="all"); a bad
-    test spec gives its exception.
+    """Scores many completions with ONE `pool.run` call. Per item: the fraction of test cases
+    passed (mode="fraction") or 1.0 only if all pass (mode="all"); a bad test spec gives its
+    exception.
 
-    `test_timeout_s` bounds each case (a stdin run, an assert, a HumanEval `check`); the job gets
-    that per case plus the candidate's start-up, at most `max_job_timeout_s`.
+    Jobs: one judge job per completion for its test code / function cases (each case bounded by
+    `test_timeout_s`; the job by that per case plus start-up, at most `max_job_timeout_s`), and
+    one plain job per stdin/stdout case (`test_timeout_s` each), whose expected output never
+    enters the sandbox: its stdout is compared here, after normalisation.
     """
     if mode not in MODES:
         raise ValueError(f"code_tests mode must be one of {MODES}, got {mode!r}")
@@ -194,32 +198,64 @@ def code_tests_batch(
         raise ValueError("code_tests needs a sandbox pool: pass pool=LocalSandboxPool(...)")
     out: list[float | Exception] = [0.0] * len(items)
     jobs: list[SandboxJob] = []
-    plan: list[tuple[int, int]] = []  # (item, number of cases) per job
+    plan: list[tuple[int, str, Any]] = []  # (item, "judge" | "stdio", cases | expected) per job
+    totals = [0] * len(items)
     for k, item in enumerate(items):
         code = extract_code(str(item.get("completion", "")))
         try:
             spec = code_formats.build_spec(item, code, timeout_s=test_timeout_s)
-            src = code_harness.judge_source(spec)
-            if len(src) > MAX_CODE_BYTES:
-                raise ValueError(f"tests + code make a {len(src)}-char job, over the sandbox's "
-                                 f"{MAX_CODE_BYTES}")
+            item_jobs, item_plan = _jobs_for(k, spec, test_timeout_s, memory_mb,
+                                             max_job_timeout_s)
         except Exception as e:  # noqa: BLE001 - a bad spec is this item's error only
             out[k] = e
             continue
-        n = len(spec["cases"])
-        timeout = min(max_job_timeout_s, test_timeout_s * (n + 1) + 2.0)
-        jobs.append(SandboxJob(code=src, timeout_s=timeout, memory_mb=memory_mb))
-        plan.append((k, n))
+        totals[k] = len(spec["cases"])
+        jobs += item_jobs
+        plan += item_plan
     if not jobs:
         return out
     results = pool.run(jobs)
     if len(results) != len(jobs):
         raise RuntimeError(f"pool returned {len(results)} results for {len(jobs)} jobs")
-    for (k, n), res in zip(plan, results, strict=True):
-        passed, setup_error = code_harness.parse_verdicts(res.stdout, n)
+    passed = [0] * len(items)
+    for (k, kind, payload), res in zip(plan, results, strict=True):
+        if isinstance(out[k], Exception):
+            continue
+        if kind == "stdio":
+            passed[k] += _stdio_passes(res, payload)
+            continue
+        verdicts, setup_error = code_harness.parse_verdicts(res.stdout, payload)
         if setup_error is not None:
             out[k] = ValueError(f"the item's test setup code failed: {setup_error}")
-            continue
-        frac = sum(passed) / n
-        out[k] = float(frac) if mode == "fraction" else float(all(passed))
+        passed[k] += sum(verdicts)
+    for k in range(len(items)):
+        if not isinstance(out[k], Exception) and totals[k]:
+            frac = passed[k] / totals[k]
+            out[k] = float(frac) if mode == "fraction" else float(passed[k] == totals[k])
     return out
+
+
+def _jobs_for(k: int, spec: dict, timeout_s: float, memory_mb: int, max_job_timeout_s: float):
+    jobs, plan = [], []
+    for c in spec["cases"]:
+        if c["k"] == "stdio":
+            jobs.append(SandboxJob(code=spec["candidate"], stdin=c["stdin"], timeout_s=timeout_s,
+                                   memory_mb=memory_mb))
+            plan.append((k, "stdio", c["expected"]))
+    judged = [c for c in spec["cases"] if c["k"] != "stdio"]
+    if judged:
+        src = code_harness.judge_source({**spec, "cases": judged})
+        if len(src) > MAX_CODE_BYTES:
+            raise ValueError(f"tests + code make a {len(src)}-char job, over the sandbox's "
+                             f"{MAX_CODE_BYTES}")
+        timeout = min(max_job_timeout_s, timeout_s * (len(judged) + 1) + 2.0)
+        jobs.append(SandboxJob(code=src, timeout_s=timeout, memory_mb=memory_mb))
+        plan.append((k, "judge", len(judged)))
+    return jobs, plan
+
+
+def _stdio_passes(result: SandboxResult, expected: str) -> bool:
+    # The status only rules out runs that broke a limit; "ok" vs "error" (exit code) is no verdict.
+    if result.status not in ("ok", "error"):
+        return False
+    return normalize_stdout(result.stdout) == normalize_stdout(expected)

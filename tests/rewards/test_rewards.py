@@ -401,14 +401,14 @@ class _CountingPool:
 def test_code_tests_batch_is_one_pool_call(pool, workers):
     counting = _CountingPool(pool)
     items = [
-        {"completion": ADD_OK, "tests": ADD_TESTS},  # one judge job per completion
-        {"completion": SUM_STDIN, "tests": STDIN_TESTS},
+        {"completion": ADD_OK, "tests": ADD_TESTS},  # one judge job
+        {"completion": SUM_STDIN, "tests": STDIN_TESTS},  # one job per stdin test
         {"completion": ADD_BAD, "tests": ADD_TESTS},
     ]
     spec = RewardSpec.from_weights({"code_tests": 1.0, "math_answer": 0.0})
     with RewardScorer(spec, pool=counting, workers=workers) as scorer:
         out = scorer.score_batch(items)
-    assert counting.calls == [3]
+    assert counting.calls == [4]
     assert out.components["code_tests"] == [1.0, 0.5, 0.5]
 
 
