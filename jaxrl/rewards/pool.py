@@ -55,8 +55,11 @@ class ZygoteProcess:
         argv, kw = zygote_command(plan, uid)
         self.plan, self.uid, self.failure = plan, uid, ""
         self._err = tempfile.TemporaryFile()  # bwrap's / the zygote's own complaints, if any
+        # A process group of its own (same session: no scheduler autogroup of its own), so a
+        # kill of the owner's group (a shell, a batch system) reaches the zygote only through
+        # the owner's death, which it follows after killing the job tree.
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._err, close_fds=True, **kw)
+                                     stderr=self._err, close_fds=True, process_group=0, **kw)
         self._in, self._out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
         ready = self._read_frame(time.monotonic() + _READY_TIMEOUT_S)
         if ready is None or not ready.startswith(sb.READY_MAGIC):

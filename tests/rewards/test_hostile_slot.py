@@ -376,20 +376,26 @@ def _sleepers(mark: str) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize("how", ["owner", "group"])
 @pytest.mark.parametrize("tier", ["A", "B"])
-def test_no_job_outlives_a_killed_owner(tier):
+def test_no_job_outlives_a_killed_owner(tier, how):
+    """SIGKILL of the owning process alone, or of its whole process group (a shell's or a batch
+    system's kill, `timeout -s KILL`): every process of the running job is gone within 5 s."""
     if tier == "A" and (why := _tier_a_reason()):
         pytest.skip(f"tier A (user namespaces via bwrap) unavailable here: {why}")
     mark = f"{50 + secrets.randbelow(9)}.{secrets.randbelow(10**6):06d}"
     owner = subprocess.Popen([sys.executable, "-c", OWNER.format(tier=tier, mark=mark)],
-                             stdout=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
         while len(_sleepers(mark)) < 2 and time.monotonic() < deadline:
             assert owner.poll() is None, "the owner exited early"
             time.sleep(0.05)
         assert len(_sleepers(mark)) == 2, "the job did not start its two sleepers"
-        owner.send_signal(signal.SIGKILL)
+        if how == "owner":
+            owner.send_signal(signal.SIGKILL)
+        else:
+            os.killpg(owner.pid, signal.SIGKILL)
         owner.wait(10)
         deadline = time.monotonic() + 5
         while _sleepers(mark) and time.monotonic() < deadline:
