@@ -14,6 +14,7 @@ BENCHMARKS = {
     "reshard": "jaxrl.benchmarks.reshard",
     "pipeline": "jaxrl.benchmarks.pipeline",
     "kernels": "jaxrl.benchmarks.kernels",
+    "math": "jaxrl.benchmarks.math",
 }
 
 

@@ -1,230 +1,238 @@
-"""Final-answer extraction and equivalence checks for the `math_answer` reward.
+"""Final-answer equivalence for the `math_answer` reward.
 
-`extract_answer` takes the last `\\boxed{...}` (or `\\fbox{...}`) of a completion, else its last
-number. `answers_equivalent` compares a predicted and a gold answer:
+    math_score(completion, gold)  ->  1.0 if the completion's final answer equals `gold`, else 0.0
 
-  1. normalised strings equal (LaTeX wrappers, `$`, spaces, `\\%`, units in `\\text{}` dropped);
-  2. both are plain numbers (integers, decimals, `a/b`, `\\frac{a}{b}`): exact rational equality;
-  3. otherwise both are parsed by sympy from a whitelisted grammar (digits, single-letter
-     variables, + - * / ^ ( ) , and a few named functions/constants) and compared symbolically,
-     numerically (relative tolerance 1e-6) when a float is involved.
+The final answer is the last `\\boxed{...}` of the completion, else the text after a GSM8K `####`,
+else its last number (`math_latex.extract_answer`). Backends:
 
-sympy's parser evaluates Python code, so input that is not in the whitelist is never handed to it,
-and every check runs in a killable worker (`jaxrl.rewards.workers`) under a deadline and a memory
-limit: `9^9^9` or a pathological `simplify` costs one worker, not the run. Answers longer than
-`max_answer_chars` score 0 without being parsed.
+  * "sympy" (hand-written): both answers are normalised (`math_latex.normalize`: wrappers, spacing,
+    units and `%` as configured), equal strings match; otherwise both are parsed by the bounded
+    parser of `math_latex` (LaTeX fractions, roots, powers, `\\pi`, `i`, functions, tuples,
+    intervals, sets, `\\pm`, matrices) into sympy values and compared by `values_equal`: exact
+    numbers exactly, a decimal on either side within `rel_tol`, expressions with variables at random
+    points, tuples and intervals in order (brackets must agree), sets and bare lists as multisets.
+    Infinities compare by identity only (`\\infty` equals `\\infty`, nothing finite); NaN, `1/0`,
+    `\\infty + 0.5i` and overflowing powers are refused by the parser, so never equal anything; a
+    complex value never equals a real gold. No text is ever handed to sympy's string parser.
+  * "math_verify": Hugging Face's `math-verify` package (`pip install math-verify`), on the same
+    extracted answer, with the same finiteness guard on its result.
+  * "auto": "math_verify" if it is installed, else "sympy".
 
-The optional `math_verify` backend (`pip install math-verify`) is imported lazily inside the worker.
+Every check runs in a killable worker (`jaxrl.rewards.workers`) under the reward's deadline and the
+worker's memory limit; the parser's size limits (`MAX_ANSWER_CHARS`, `math_latex.MAX_DIGITS`, ...)
+keep ordinary hostile answers far below both.
 """
 
 from __future__ import annotations
 
-import re
-from fractions import Fraction
+import random
+
+from jaxrl.rewards.math_latex import (
+    PERCENT_CHOICES,
+    UNITS_CHOICES,
+    Bag,
+    Parsed,
+    Seq,
+    Unparsable,
+    extract_answer,
+    normalize,
+    parse_answer,
+)
+
+__all__ = [
+    "BACKENDS",
+    "MAX_ANSWER_CHARS",
+    "answers_equivalent",
+    "check_options",
+    "extract_answer",
+    "math_score",
+    "normalize",
+    "values_equal",
+]
 
 BACKENDS = ("sympy", "math_verify", "auto")
 MAX_ANSWER_CHARS = 256
-_MAX_NUMBER_DIGITS = 200  # exact Fraction parsing of longer numbers is left to the deadline path
-_REL_TOL = 1e-6
-
-_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_BOXED_SPACE_RE = re.compile(r"\\boxed +([^\s$]+)")
-_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+REL_TOL = 1e-6
+_EXACT_TOL = 1e-30  # irrational exact values: compared at 50 digits
+_POINTS = 3  # random points for expressions with variables
+_MAX_ITEMS = 64  # entries of a set/tuple (multiset matching is quadratic)
 
 
-def _balanced(text: str, start: int) -> str | None:
-    """Contents of the brace group whose `{` is at text[start - 1]; None if unbalanced."""
-    depth = 1
-    for i in range(start, len(text)):
-        c = text[i]
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start:i]
-    return None
-
-
-def extract_answer(text: str) -> str | None:
-    """The last `\\boxed{...}` content of `text`, else its last number, else None."""
-    last = None
-    for m in _BOXED_RE.finditer(text):
-        inner = _balanced(text, m.end())
-        if inner is not None:
-            last = (m.start(), inner)
-    spaced = None
-    for m in _BOXED_SPACE_RE.finditer(text):
-        spaced = (m.start(), m.group(1))
-    if spaced is not None and (last is None or spaced[0] > last[0]):
-        last = spaced
-    if last is not None:
-        return last[1].strip()
-    numbers = _NUMBER_RE.findall(text)
-    if numbers:
-        return numbers[-1].rstrip(",").strip()
-    return None
-
-
-# --- normalisation -------------------------------------------------------------------------------
-
-_DROP = (r"\left", r"\right", r"\!", r"\,", r"\;", r"\:", r"\ ", "$", r"\displaystyle", r"\mathrm")
-_TEXT_RE = re.compile(r"\\(?:text|textbf|mbox|operatorname)\s*\{([^{}]*)\}")
-_FRAC_RE = re.compile(r"\\[dt]?frac\s*")
-_SQRT_N_RE = re.compile(r"\\sqrt\s*\[([^\[\]]*)\]\s*")
-_THOUSANDS_RE = re.compile(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$")
-_UNIT_WORDS = re.compile(r"(?<=\d)\s*(?:degrees?|cm|m|km|kg|g|s|units?|dollars?|cents?)$")
-
-
-def normalize(ans: str) -> str:
-    """Canonical string form: wrappers, spacing, `\\%`, degree marks and trailing units removed."""
-    s = ans.strip()
-    for token in _DROP:
-        s = s.replace(token, "")
-    s = s.replace(r"\%", "").replace("%", "").replace("^\\circ", "").replace("^{\\circ}", "")
-    s = s.replace(r"\dfrac", r"\frac").replace(r"\tfrac", r"\frac")
-    # \text{cm} after a number is a unit; \text{...} alone is its content.
-    s = _TEXT_RE.sub(lambda m: " " + m.group(1) + " ", s)
-    s = " ".join(s.split())
-    s = _UNIT_WORDS.sub("", s).strip()
-    s = s.rstrip(".").strip()
-    if "=" in s:  # "x = 5" -> "5"
-        lhs, rhs = s.rsplit("=", 1)
-        if re.fullmatch(r"\s*[A-Za-z]\s*", lhs):
-            s = rhs.strip()
-    if _THOUSANDS_RE.match(s):
-        s = s.replace(",", "")
-    return s.replace(" ", "")
-
-
-def _as_fraction(s: str) -> Fraction | None:
-    """Exact value of an integer, decimal, `a/b` or `\\frac{a}{b}`; None for anything else."""
-    m = re.fullmatch(r"\\frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", s) or re.fullmatch(
-        r"(-?[\d.]+)/(-?[\d.]+)", s
-    )
-    parts = [m.group(1), m.group(2)] if m else [s]
-    if any(
-        len(p) > _MAX_NUMBER_DIGITS or not re.fullmatch(r"-?(\d+\.?\d*|\.\d+)", p) for p in parts
+def check_options(
+    backend: str = "sympy",
+    units: str = "strip",
+    percent: str = "strip",
+    rel_tol: float = REL_TOL,
+    max_answer_chars: int = MAX_ANSWER_CHARS,
+) -> None:
+    """Raises ValueError naming the bad option value and the valid ones."""
+    for name, value, choices in (
+        ("backend", backend, BACKENDS),
+        ("units", units, UNITS_CHOICES),
+        ("percent", percent, PERCENT_CHOICES),
     ):
-        return None
-    values = [Fraction(p) for p in parts]
-    if len(values) == 2:
-        return None if values[1] == 0 else values[0] / values[1]
-    return values[0]
+        if value not in choices:
+            raise ValueError(f"math_answer {name} must be one of {choices}, got {value!r}")
+    if isinstance(rel_tol, bool) or not isinstance(rel_tol, int | float) or not 0 <= rel_tol < 1:
+        raise ValueError(f"math_answer rel_tol must be a number in [0, 1), got {rel_tol!r}")
+    if isinstance(max_answer_chars, bool) or not isinstance(max_answer_chars, int):
+        raise ValueError(f"math_answer max_answer_chars must be an int, got {max_answer_chars!r}")
+    if max_answer_chars < 1:
+        raise ValueError(f"math_answer max_answer_chars must be >= 1, got {max_answer_chars!r}")
 
 
-def latex_to_expr(s: str) -> str:
-    """Rewrites the small LaTeX subset answers use into sympy-parsable infix text."""
-    s = _FRAC_RE.sub(r"\\frac", s)
-    for _ in range(20):  # nested \frac{\frac{a}{b}}{c}: innermost first
-        new = re.sub(r"\\frac\{([^{}]*)\}\{([^{}]*)\}", r"((\1)/(\2))", s)
-        new = re.sub(r"\\frac(\d)(\d)", r"((\1)/(\2))", new)
-        new = _SQRT_N_RE.sub(lambda m: f"\\root{{{m.group(1)}}}", new)
-        new = re.sub(r"\\root\{([^{}]*)\}\{([^{}]*)\}", r"((\2)**(1/(\1)))", new)
-        new = re.sub(r"\\sqrt\{([^{}]*)\}", r"sqrt(\1)", new)
-        new = re.sub(r"\\sqrt(\d+|[a-zA-Z])", r"sqrt(\1)", new)
-        if new == s:
-            break
-        s = new
-    for a, b in (
-        (r"\cdot", "*"),
-        (r"\times", "*"),
-        (r"\div", "/"),
-        (r"\pi", "pi"),
-        (r"\infty", "oo"),
-        (r"\ln", "log"),
-        (r"\log", "log"),
-        (r"\exp", "exp"),
-        (r"\sin", "sin"),
-        (r"\cos", "cos"),
-        (r"\tan", "tan"),
-        ("^", "**"),
-        ("{", "("),
-        ("}", ")"),
-    ):
-        s = s.replace(a, b)
-    return s
+# --- comparison ----------------------------------------------------------------------------------
 
 
-# --- sympy ---------------------------------------------------------------------------------------
-
-_FUNCS = ("sqrt", "log", "exp", "sin", "cos", "tan", "pi", "oo")
-_SAFE_CHARS_RE = re.compile(r"[0-9A-Za-z+\-*/().,\s]*")
-_IDENT_RE = re.compile(r"[A-Za-z]+")
-
-
-def _parse_sympy(expr: str):
-    """Parses whitelisted infix text with sympy; None if it is outside the whitelist or invalid."""
-    if not _SAFE_CHARS_RE.fullmatch(expr):
-        return None
-    for ident in _IDENT_RE.findall(expr):
-        if len(ident) > 1 and ident not in _FUNCS:
-            return None
-    import sympy
-    from sympy.parsing.sympy_parser import (
-        convert_xor,
-        implicit_multiplication,
-        parse_expr,
-        standard_transformations,
-    )
-
-    names = {c: sympy.Symbol(c) for c in "abcdfghjklmnopqrstuvwxyzABCDFGHJKLMNOPQRSTUVWXYZ"}
-    names.update(e=sympy.E, E=sympy.E, i=sympy.I, I=sympy.I)
-    for f in _FUNCS:
-        names[f] = getattr(sympy, f)
-    global_dict = {
-        "__builtins__": {},
-        "Integer": sympy.Integer,
-        "Float": sympy.Float,
-        "Rational": sympy.Rational,
-        "Symbol": sympy.Symbol,
-        "Function": sympy.Function,
-    }
+def _abs(x, sp, prec: int = 50):
+    """|x| of a constant expression as a sympy Float (any exponent); None if not a finite number."""
     try:
-        return parse_expr(
-            expr,
-            local_dict=names,
-            global_dict=global_dict,
-            transformations=standard_transformations + (implicit_multiplication, convert_xor),
-        )
-    except Exception:
+        re_, im_ = sp.N(x, prec).as_real_imag()
+        re_, im_ = sp.N(re_, prec), sp.N(im_, prec)
+    except (TypeError, ValueError, OverflowError, AttributeError):
         return None
+    if not (re_.is_Number and im_.is_Number) or re_.has(sp.oo, -sp.oo, sp.nan, sp.zoo):
+        return None
+    if im_.has(sp.oo, -sp.oo, sp.nan, sp.zoo):
+        return None
+    return sp.sqrt(re_**2 + im_**2).evalf(prec)
 
 
-def _sympy_equal(a, b) -> bool:
-    import sympy
+def _close(a, b, tol: float, sp) -> bool:
+    """|a - b| <= tol * max(|a|, |b|, 1e-12), evaluated at 50 digits (no float overflow)."""
+    d, va, vb = _abs(a - b, sp), _abs(a, sp), _abs(b, sp)
+    if d is None or va is None or vb is None:
+        return False
+    return bool(d <= sp.Float(tol) * max(va, vb, sp.Float(1e-12)))
 
-    if isinstance(a, tuple | sympy.Tuple) or isinstance(b, tuple | sympy.Tuple):
-        ta = tuple(a) if isinstance(a, tuple | sympy.Tuple) else (a,)
-        tb = tuple(b) if isinstance(b, tuple | sympy.Tuple) else (b,)
-        return len(ta) == len(tb) and all(_sympy_equal(x, y) for x, y in zip(ta, tb, strict=True))
-    if not (isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr)):
+
+def _expr_equal(a, b, tol: float, sp) -> bool:
+    infinite = (sp.oo, -sp.oo)
+    if a in infinite or b in infinite:  # identity only: never a tolerance with an infinity
         return a == b
-    if a.has(sympy.Float) or b.has(sympy.Float):
-        if a.free_symbols or b.free_symbols:
-            return sympy.simplify(a - b) == 0
-        va, vb = complex(sympy.N(a, 30)), complex(sympy.N(b, 30))
-        return abs(va - vb) <= _REL_TOL * max(abs(va), abs(vb), 1e-12)
-    diff = sympy.simplify(a - b)
-    return diff == 0
-
-
-def answers_equivalent(pred: str, gold: str, *, max_answer_chars: int = MAX_ANSWER_CHARS) -> bool:
-    """True if `pred` and `gold` denote the same value. Slow inputs must run under a deadline."""
-    if pred is None or len(pred) > max_answer_chars:
-        return False
-    a, b = normalize(pred), normalize(str(gold))
-    if not a:
-        return False
+    if a.has(sp.I) != b.has(sp.I) and not (a.free_symbols or b.free_symbols):
+        # A complex value never equals a real one: the side with an `i` must be exactly real.
+        if sp.im(a if a.has(sp.I) else b) != 0:
+            return False
     if a == b:
         return True
-    fa, fb = _as_fraction(a), _as_fraction(b)
-    if fa is not None and fb is not None:
-        return fa == fb
-    ea, eb = _parse_sympy(latex_to_expr(a)), _parse_sympy(latex_to_expr(b))
-    if ea is None or eb is None:
+    symbols = sorted(a.free_symbols | b.free_symbols, key=str)
+    if not symbols:
+        if a.is_Rational and b.is_Rational and tol == 0:
+            return False  # distinct exact rationals
+        return _close(a, b, tol or _EXACT_TOL, sp)
+    # Variables: equal at random points (an identity holds at every point; a false one almost
+    # never). The points are fresh for every check, so they cannot be learnt.
+    rng = random.Random()
+    for _ in range(_POINTS):
+        point = {s: sp.Rational(rng.randint(1000, 3000), 1000) for s in symbols}
+        if not _close(a.xreplace(point), b.xreplace(point), tol or _EXACT_TOL, sp):
+            return False
+    return True
+
+
+def _multiset_equal(xs: tuple, ys: tuple, eq) -> bool:
+    if len(xs) != len(ys):
         return False
-    return bool(_sympy_equal(ea, eb))
+    left = list(ys)
+    for x in xs:
+        for k, y in enumerate(left):
+            if eq(x, y):
+                del left[k]
+                break
+        else:
+            return False
+    return True
+
+
+def values_equal(a, b, tol: float, sp=None) -> bool:
+    """Equality of two parsed values (see the module docstring); `tol` 0 means exact."""
+    if sp is None:
+        import sympy as sp
+    if isinstance(a, Seq) or isinstance(b, Seq):
+        if not (isinstance(a, Seq) and isinstance(b, Seq)):
+            return False
+        if (a.open, a.close) != (b.open, b.close) or len(a.items) != len(b.items):
+            return False
+        return all(values_equal(x, y, tol, sp) for x, y in zip(a.items, b.items, strict=True))
+    if isinstance(a, Bag) or isinstance(b, Bag):
+        if not (isinstance(a, Bag) and isinstance(b, Bag)) or len(a.items) > _MAX_ITEMS:
+            return False
+        return _multiset_equal(a.items, b.items, lambda x, y: values_equal(x, y, tol, sp))
+    return _expr_equal(a, b, tol, sp)
+
+
+def _parse(s: str) -> Parsed | None:
+    try:
+        return parse_answer(s)
+    except (Unparsable, RecursionError, ValueError, TypeError, ZeroDivisionError, OverflowError):
+        return None
+
+
+def answers_equivalent(
+    pred: str | None,
+    gold: str,
+    *,
+    max_answer_chars: int = MAX_ANSWER_CHARS,
+    units: str = "strip",
+    percent: str = "strip",
+    rel_tol: float = REL_TOL,
+) -> bool:
+    """True if the answer strings `pred` and `gold` denote the same value (hand-written backend)."""
+    if pred is None or len(pred) > max_answer_chars:
+        return False
+    a = normalize(pred, units=units, percent=percent)
+    b = normalize(str(gold), units=units, percent=percent)
+    if not a:
+        return False
+    pa, pb = _parse(a), _parse(b)
+    if pa is None or pb is None:
+        # Text answers ("Monday", "(C)") and anything outside the grammar: string equality only.
+        return pa is None and pb is None and a.lower() == b.lower()
+    tol = rel_tol if (pa.inexact or pb.inexact) else 0.0
+    return values_equal(pa.value, pb.value, tol)
+
+
+# --- math-verify ---------------------------------------------------------------------------------
+
+
+def _finite_sympy(x) -> bool:
+    import sympy
+
+    if isinstance(x, str):
+        return True
+    if isinstance(x, sympy.Basic):
+        if x.has(sympy.zoo, sympy.nan):
+            return False
+        if x.has(sympy.oo, -sympy.oo) and x not in (sympy.oo, -sympy.oo):
+            return isinstance(x, sympy.Interval | sympy.Union | sympy.FiniteSet | sympy.Tuple)
+        return True
+    return True
+
+
+def _math_verify_score(completion: str, gold: str) -> float:
+    try:
+        import math_verify
+    except ImportError:
+        raise ImportError(
+            "math_answer backend 'math_verify' needs the math-verify package "
+            "(pip install math-verify); or use backend='sympy'"
+        ) from None
+    # The worker's deadline bounds the call; math-verify's own SIGALRM timeouts are turned off.
+    # The library's own extraction reads the completion (last boxed answer, else last expression).
+    g = math_verify.parse(f"${gold}$", parsing_timeout=None)
+    p = math_verify.parse(completion, parsing_timeout=None)
+    if not p or not g or not all(_finite_sympy(x) for x in p[:1]):
+        return 0.0
+    return float(bool(math_verify.verify(g, p, timeout_seconds=None)))
+
+
+def _has_math_verify() -> bool:
+    try:
+        import math_verify  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def math_score(
@@ -233,24 +241,24 @@ def math_score(
     *,
     backend: str = "sympy",
     max_answer_chars: int = MAX_ANSWER_CHARS,
+    units: str = "strip",
+    percent: str = "strip",
+    rel_tol: float = REL_TOL,
 ) -> float:
     """1.0 if the completion's final answer equals `answer`, else 0.0. Runs inside a worker."""
-    if backend not in BACKENDS:
-        raise ValueError(f"math backend must be one of {BACKENDS}, got {backend!r}")
-    if backend in ("math_verify", "auto"):
-        try:
-            import math_verify
-        except ImportError:
-            if backend == "math_verify":
-                raise ImportError(
-                    "math backend 'math_verify' needs the math-verify package "
-                    "(pip install math-verify); or use backend='sympy'"
-                ) from None
-        else:
-            gold = math_verify.parse(f"${answer}$", parsing_timeout=None)
-            pred = math_verify.parse(completion, parsing_timeout=None)
-            return float(bool(math_verify.verify(gold, pred, timeout_seconds=None)))
+    check_options(backend, units, percent, rel_tol, max_answer_chars)
     pred = extract_answer(completion)
-    if pred is None:
+    if pred is None or len(pred) > max_answer_chars:
         return 0.0
-    return float(answers_equivalent(pred, answer, max_answer_chars=max_answer_chars))
+    if backend == "math_verify" or (backend == "auto" and _has_math_verify()):
+        return _math_verify_score(completion, answer)
+    return float(
+        answers_equivalent(
+            pred,
+            answer,
+            max_answer_chars=max_answer_chars,
+            units=units,
+            percent=percent,
+            rel_tol=rel_tol,
+        )
+    )

@@ -52,6 +52,7 @@ class Reward:
     batch: BatchFn | None = None
     needs_pool: bool = False
     isolated: bool = True
+    check_options: Callable[..., None] | None = None  # raises ValueError on a bad option value
 
 
 _REGISTRY: dict[str, Reward] = {}
@@ -64,8 +65,12 @@ def register_reward(
     needs_pool: bool = False,
     isolated: bool = True,
     overwrite: bool = False,
+    check_options: Callable[..., None] | None = None,
 ) -> Callable[[RewardFn], RewardFn]:
-    """Decorator registering `fn(prompt, completion, **fields) -> float` under `name`."""
+    """Decorator registering `fn(prompt, completion, **fields) -> float` under `name`.
+
+    `check_options(**options)`, if given, validates a `RewardTerm`'s options when the spec is made.
+    """
 
     def deco(fn: RewardFn) -> RewardFn:
         if name in _REGISTRY and not overwrite:
@@ -77,7 +82,7 @@ def register_reward(
                 f"picklable by reference, got {qualname!r}: define it at module level, or "
                 "register with isolated=False"
             )
-        _REGISTRY[name] = Reward(name, fn, batch, needs_pool, isolated)
+        _REGISTRY[name] = Reward(name, fn, batch, needs_pool, isolated, check_options)
         return fn
 
     return deco
@@ -104,7 +109,9 @@ class RewardTerm:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        get_reward(self.name)  # unknown name -> error listing valid ones
+        reward = get_reward(self.name)  # unknown name -> error listing valid ones
+        if reward.check_options is not None:
+            reward.check_options(**self.options)  # bad value -> error naming the valid ones
         if not math.isfinite(self.weight):
             raise ValueError(f"reward {self.name!r}: weight must be finite, got {self.weight!r}")
 
@@ -349,28 +356,24 @@ def code_tests(prompt: str, completion: str, *, tests=None, pool=None, **fields)
     return score
 
 
-def _math_item(backend: str, max_answer_chars: int, item: Mapping[str, Any]) -> float:
+def _math_item(options: Mapping[str, Any], item: Mapping[str, Any]) -> float:
     if "answer" not in item:
         raise ValueError(f"math_answer needs an 'answer' field; item has {sorted(item)}")
-    return _math.math_score(
-        str(item.get("completion", "")),
-        str(item["answer"]),
-        backend=backend,
-        max_answer_chars=max_answer_chars,
-    )
+    return _math.math_score(str(item.get("completion", "")), str(item["answer"]), **options)
 
 
-def _math_batch(
-    items,
-    *,
-    workers,
-    timeout_s,
-    pool=None,
-    backend: str = "sympy",
-    max_answer_chars: int = _math.MAX_ANSWER_CHARS,
-):
-    if backend not in _math.BACKENDS:
-        raise ValueError(f"math_answer backend must be one of {_math.BACKENDS}, got {backend!r}")
+def _math_check_options(**options) -> None:
+    unknown = sorted(set(options) - set(MATH_OPTIONS))
+    if unknown:
+        raise ValueError(f"math_answer: unknown options {unknown}; valid: {list(MATH_OPTIONS)}")
+    _math.check_options(**options)
+
+
+MATH_OPTIONS = ("backend", "units", "percent", "rel_tol", "max_answer_chars")
+
+
+def _math_batch(items, *, workers, timeout_s, pool=None, **options):
+    _math_check_options(**options)
     slim = [
         (
             dict(
@@ -380,9 +383,7 @@ def _math_batch(
         )
         for it in items
     ]
-    return workers.map(
-        functools.partial(_math_item, backend, max_answer_chars), slim, timeout_s=timeout_s
-    )
+    return workers.map(functools.partial(_math_item, options), slim, timeout_s=timeout_s)
 
 
 _default_workers: KillableWorkers | None = None
@@ -398,27 +399,29 @@ def default_workers() -> KillableWorkers:
         return _default_workers
 
 
-@register_reward("math_answer", batch=_math_batch)
+@register_reward("math_answer", batch=_math_batch, check_options=_math_check_options)
 def math_answer(
     prompt: str,
     completion: str,
     *,
     answer: str,
-    backend: str = "sympy",
     timeout_s: float = 10.0,
     workers: KillableWorkers | None = None,
-    **_,
+    **fields,
 ) -> float:
-    """1.0 if the final answer (last \\boxed{}, else last number) equals `answer`, else 0.0.
+    """1.0 if the final answer (last \\boxed{}, else `#### N`, else last number) equals `answer`.
 
-    Runs in a killable worker (deadline `timeout_s`); a timeout raises `RewardTimeout`.
+    Options (see `math_answer.py`): backend ("sympy" | "math_verify" | "auto"), units ("strip" |
+    "keep"), percent ("strip" | "value" | "keep"), rel_tol (decimals), max_answer_chars. Runs in a
+    killable worker (deadline `timeout_s`); a timeout raises `RewardTimeout`.
     """
     del prompt
+    options = {k: v for k, v in fields.items() if k in MATH_OPTIONS}
     (v,) = _math_batch(
         [{"completion": completion, "answer": answer}],
         workers=workers or default_workers(),
         timeout_s=timeout_s,
-        backend=backend,
+        **options,
     )
     if isinstance(v, BaseException):
         raise v
