@@ -127,10 +127,11 @@ def _pool_size_kept(pool, size: int) -> None:
 
 
 def _normal_job_ok(pool) -> None:
-    (r,) = pool.run(
-        [SandboxJob(code="import os\nprint(6 * 7, sorted(os.listdir('.')))", timeout_s=10)]
-    )
-    assert r.status == "ok" and r.stdout.split() == ["42", "[]"], r
+    """An ordinary job succeeds on every slot: one per slot, each busy long enough (0.2 s) that
+    the slots take one each (so the slot that ran the hostile job runs one too)."""
+    code = "import os, time\ntime.sleep(0.2)\nprint(6 * 7, sorted(os.listdir('.')))"
+    for r in pool.run([SandboxJob(code=code, timeout_s=10)] * pool.num_workers):
+        assert r.status == "ok" and r.stdout.split() == ["42", "[]"], r
 
 
 def run_hostile(
@@ -141,10 +142,13 @@ def run_hostile(
     memory_mb: int = 256,
     max_wall_s=20.0,
     stdin: str = "",
+    restarts: int = 0,
 ):
-    """Runs one hostile job; checks bounded return, no survivors, pool health and size."""
+    """Runs one hostile job; checks bounded return, no survivors, that an ordinary job then
+    succeeds on every slot, the pool's size, and that `restarts` zygotes were replaced."""
     size = pool.num_workers
     before = _pool_processes(pool)
+    restarts_before = pool.stats()["restarts"]
     t0 = time.monotonic()
     (res,) = pool.run(
         [
@@ -169,6 +173,7 @@ def run_hostile(
     assert not leftover, f"processes outlived the job: {[(p, table.get(p)) for p in leftover]}"
     _normal_job_ok(pool)
     _pool_size_kept(pool, size)
+    assert pool.stats()["restarts"] - restarts_before == restarts, pool.stats()
     return res
 
 
