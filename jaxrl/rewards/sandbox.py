@@ -138,7 +138,7 @@ class Zygote:
         self.scratch = {d: frozenset(os.listdir(d)) for d in cfg.get("wipe", ())
                         if os.path.isdir(d)}
         parent = os.path.dirname(cfg["jobdir"])  # a job of our uid may lock it too
-        self.modes = {d: os.stat(d).st_mode for d in (*self.scratch, parent) if os.path.isdir(d)}
+        self.meta = {d: _meta(d) for d in (*self.scratch, parent) if os.path.isdir(d)}
         self.leftovers: list[str] = []
         # Made once here, used by every child after its dup2s (the zygote never writes to them).
         self.stdio = (open(0, encoding="utf-8", errors="replace", closefd=False),
@@ -321,12 +321,11 @@ class Zygote:
         """Removes the job dir and everything new in the scratch dirs, whatever modes or depth
         the job left; `self.leftovers` lists what could not be removed (then we retire)."""
         left = []
-        for d, mode in self.modes.items():  # a job of our uid (tier A) may have locked them
+        for d, meta in self.meta.items():  # a job of our uid (tier A) may lock or mark them
             try:
-                if os.stat(d).st_mode != mode:
-                    os.chmod(d, mode)
+                _restore_meta(d, meta)
             except OSError:
-                left.append(f"{d} (mode)")
+                left.append(f"{d} (mode, times or xattrs)")
         try:
             os.rmdir(jobdir)  # the common case: the job left nothing
         except FileNotFoundError:
@@ -482,6 +481,38 @@ def _mtime(path: str) -> int:
         return os.stat(path).st_mtime_ns
     except OSError:
         return 0
+
+
+def _meta(path: str) -> tuple:
+    """What a job that owns directory `path` could change on it and a later job could read."""
+    st = os.stat(path)
+    xattrs = {}
+    try:
+        for name in os.listxattr(path):
+            xattrs[name] = os.getxattr(path, name)
+    except OSError:
+        pass
+    return st.st_mode, st.st_atime_ns, st.st_mtime_ns, xattrs
+
+
+def _restore_meta(path: str, meta: tuple) -> None:
+    """Puts back mode, xattrs, and times (a 128-bit message for the next job otherwise)."""
+    mode, atime, mtime, xattrs = meta
+    st = os.stat(path)
+    if st.st_mode != mode:
+        os.chmod(path, mode)
+    try:
+        names = os.listxattr(path)
+    except OSError:
+        names = []
+    for name in names:
+        if name not in xattrs:
+            os.removexattr(path, name)
+    for name, value in xattrs.items():
+        if name not in names or os.getxattr(path, name) != value:
+            os.setxattr(path, name, value)
+    if (st.st_atime_ns, st.st_mtime_ns) != (atime, mtime):
+        os.utime(path, ns=(atime, mtime))
 
 
 def zygote_program() -> str:

@@ -132,6 +132,40 @@ def test_locked_scratch_root_is_restored(slot):
     assert r.status == "ok" and r.stdout == "wrote\n", r
 
 
+MARK_DIRS = """
+import os
+for d in ("/tmp", "/dev/shm", os.path.dirname(os.getcwd())):
+    try:
+        os.setxattr(d, "user.leak", b"LEAK")
+        print("xattr", d)
+    except OSError as e:
+        print("xattr denied", d, e.errno)
+    try:
+        os.utime(d, ns=(123456789123456789, 987654321987654321))
+        print("utime", d)
+    except OSError as e:
+        print("utime denied", d, e.errno)
+"""
+
+READ_MARKS = """
+import os
+for d in ("/tmp", "/dev/shm", os.path.dirname(os.getcwd())):
+    st = os.stat(d)
+    print(d, os.listxattr(d), st.st_atime_ns, st.st_mtime_ns)
+"""
+
+
+def test_scratch_dir_metadata_does_not_carry(slot):
+    """xattrs and times of the scratch dirs (tier A: the job owns them) are a message to the next
+    job unless put back."""
+    res, _ = run_then_ordinary(slot, MARK_DIRS)
+    assert res.status == "ok", res
+    (r,) = slot.run([SandboxJob(code=READ_MARKS)])
+    assert r.status == "ok", r
+    assert "leak" not in r.stdout, r.stdout
+    assert "123456789123456789" not in r.stdout and "987654321987654321" not in r.stdout, r.stdout
+
+
 FILL = """
 import os
 def fill(d):
