@@ -66,14 +66,14 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     from jaxrl.controller.learner import Learner
     from jaxrl.controller.metrics import MetricsLogger
     from jaxrl.controller.pipeline import Pipeline
-    from jaxrl.controller.rollouts import ProducerConfig, RolloutProducer
+    from jaxrl.controller.rollouts import RolloutProducer
     from jaxrl.controller.trace import TraceWriter
     from jaxrl.data.pipeline import prompt_iterator
     from jaxrl.data.solve_rate import SolveRateTracker
     from jaxrl.data.tasks import build_task
     from jaxrl.tokenizers import load_tokenizer
     from jaxrl.train.checkpoint import Checkpointer
-    from jaxrl.train.trainer import Trainer
+    from jaxrl.train.trainer import Trainer, tree_bytes
 
     t_start = time.perf_counter()
     # 1. processes, meshes, run directory
@@ -98,7 +98,12 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     if not resume:
         params, sft_metrics = build.initial_params(cfg, meshes.trainer, tokenizer, task,
                                                    model_cfg, processes)
-    trainer = Trainer(model_cfg, cfg.train, meshes.trainer, params=params)
+    ref = build.reference_params(cfg, meshes.trainer, tokenizer, task, model_cfg, processes,
+                                 params)
+    trainer = Trainer(model_cfg, cfg.train, meshes.trainer, params=params, ref_params=ref)
+    if trainer.ref_params is not None:
+        log.info("reference policy: %.1f MiB on the trainer mesh",
+                 tree_bytes(trainer.ref_params) / 2**20)
     ckpt = Checkpointer(run_dir / "checkpoints", every=cfg.train.checkpoint_every,
                         keep=cfg.train.checkpoint_keep)
     closers.append(ckpt.close)
@@ -116,19 +121,11 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
         seq_len=max_prompt + cfg.data.max_new_tokens, version=start_step,
         eos_id=tokenizer.eos_id, multi=processes.multi)
     pool, scorer = build.rewards(cfg, task, multi=processes.multi, closers=closers)
-    data, gen = cfg.data, cfg.generate
     producer = RolloutProducer(
         scheduler=scheduler, task=task, tokenizer=tokenizer, prompts=prompts, scorer=scorer,
         trace=trace, tracker=tracker, data_states=data_states,
-        cfg=ProducerConfig(
-            prompts_per_step=prompts.prompts_per_step, group_size=data.group_size,
-            max_new_tokens=data.max_new_tokens, temperature=gen.temperature, top_k=gen.top_k,
-            top_p=gen.top_p, filter_zero_variance=data.filter_zero_variance,
-            max_oversample_rounds=cfg.pipeline.max_oversample_rounds,
-            inflight=cfg.pipeline.mode == "inflight", seed=cfg.seed,
-            prompt_format=data.prompt_format,
-            slot_offset=processes.index * prompts.prompts_per_step))
-    evaluator = Evaluator(producer, task, data, processes, seed=cfg.seed, trace=trace)
+        cfg=build.producer_config(cfg, prompts.prompts_per_step, processes.index))
+    evaluator = Evaluator(producer, task, cfg.data, processes, seed=cfg.seed, trace=trace)
     # 5. the learner and its hooks, then the pipeline
     total = cfg.pipeline.steps
     logger = MetricsLogger(run_dir, total_steps=total, enabled=processes.leader,
@@ -171,8 +168,8 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     learner.add_hook(planner_feedback, every=0, on="row")
     learner.add_hook(save_checkpoint, every=cfg.train.checkpoint_every, at_end=True)
     if do_eval:
-        if data.eval_every:
-            learner.add_hook(evaluate_mid_run, every=data.eval_every)
+        if cfg.data.eval_every:
+            learner.add_hook(evaluate_mid_run, every=cfg.data.eval_every)
         learner.add_hook(evaluate_end, every=0)
         if start_step == 0:
             evals["start"] = evaluator(0)

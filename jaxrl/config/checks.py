@@ -7,21 +7,30 @@ Each failure names every key involved and how to fix it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from jaxrl.config.base import ConfigError
 
 
 def check_run(cfg) -> None:
     """Everything that can be checked from the config alone."""
     train, pipe, data, gen = cfg.train, cfg.pipeline, cfg.data, cfg.generate
-    if train.schedule == "cosine" and train.total_steps < pipe.steps:
+    updates = pipe.steps * train.mini_batches * train.epochs
+    if train.schedule == "cosine" and train.total_steps < updates:
         raise ConfigError(
             f"train.schedule='cosine' with train.total_steps={train.total_steps} ends before the "
-            f"run's pipeline.steps={pipe.steps} (the learning rate would sit at its floor for the "
-            f"rest); set --train.total_steps={pipe.steps}")
-    if train.kl_coef > 0:
+            f"run's {updates} updates (pipeline.steps={pipe.steps} x train.mini_batches="
+            f"{train.mini_batches} x train.epochs={train.epochs}; the learning rate would sit at "
+            f"its floor for the rest); set --train.total_steps={updates}")
+    if train.mini_batches > data.prompts_per_step:
         raise ConfigError(
-            f"train.kl_coef={train.kl_coef} needs a frozen reference policy, which jaxrl.run does "
-            "not build yet; set --train.kl_coef=0 (the Trainer API takes ref_params directly)")
+            f"train.mini_batches={train.mini_batches} is more than the groups per step "
+            f"(data.prompts_per_step={data.prompts_per_step}); groups are never split across "
+            f"mini-batches: use --train.mini_batches<={data.prompts_per_step}")
+    if train.ref_init and not (Path(train.ref_init) / "config.json").is_file():
+        raise ConfigError(
+            f"train.ref_init={train.ref_init!r} is not a Hugging Face model directory (no "
+            "config.json there); point it at one, or leave it unset to use the initial policy")
     rollouts = data.prompts_per_step * data.group_size
     if train.micro_batches > rollouts:
         raise ConfigError(

@@ -47,10 +47,18 @@ class TrainConfig:
     eps_low: float = 0.2
     eps_high: float = 0.28
     dual_clip: float = 0.0  # 0 = off; else c > 1 (caps the loss at c*|A| for A < 0)
-    aggregation: str = "token_mean"
+    # "auto": seq_mean_token_mean for gspo (its published, sequence-level objective), token_mean
+    # otherwise; `loss_aggregation` is the resolved name
+    aggregation: str = "auto"
     norm_len: int = 0  # L_norm for seq_mean_token_sum_norm (0 = the batch's padded length T)
-    kl_coef: float = 0.0  # 0 = no reference model, no KL term
+    kl_coef: float = 0.0  # 0 = no KL term (the reference policy is built only when needed)
     kl_estimator: str = "k3"
+    # the frozen reference policy: the run's initial policy, or this local HF directory; stored
+    # in `ref_dtype` (None: the trainer's param dtype; "bfloat16" halves its memory)
+    ref_init: str | None = None
+    ref_dtype: str | None = None
+    ref_metrics: bool = False  # also report policy/ref_kl when kl_coef is 0 (one more forward)
+    entropy_coef: float = 0.0  # entropy bonus: loss -= entropy_coef * aggregation(entropy)
     correction: str = "none"
     is_cap: float = 2.0  # C of truncated IS / decoupled PPO
     m2_tau: float = 0.04  # tau of M2PO
@@ -67,8 +75,12 @@ class TrainConfig:
     adam_eps: float = 1e-8
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0  # 0 = no clipping
+    # --- updates per rollout batch: `epochs` passes, each cut into `mini_batches` updates (groups
+    # kept whole; every ratio against the policy that generated the batch). 1 and 1: one update.
+    mini_batches: int = 1
+    epochs: int = 1
     # --- step mechanics
-    micro_batches: int = 1  # gradient accumulation inside the step
+    micro_batches: int = 1  # gradient accumulation inside one update
     remat: str = "none"
     logprob_chunk: int = 128  # tokens per chunk of the lm-head/log-softmax pass
     # The train step's backward reuses the forward's softmax instead of recomputing the lm head
@@ -83,7 +95,15 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _choice("advantage", self.advantage, ADVANTAGE_NAMES)
         _choice("policy_loss", self.policy_loss, POLICY_LOSS_NAMES)
-        _choice("aggregation", self.aggregation, AGGREGATION_NAMES)
+        _choice("aggregation", self.aggregation, ("auto", *AGGREGATION_NAMES))
+        if self.policy_loss == "gspo" and self.aggregation not in ("auto", "seq_mean_token_mean"):
+            raise ConfigError(
+                f"train.policy_loss='gspo' with train.aggregation={self.aggregation!r} is not the "
+                "published GSPO objective (a token-level mean weights long sequences more and "
+                "changes what the sequence-level ratio optimises); use aggregation "
+                "'seq_mean_token_mean' (or 'auto')")
+        if self.ref_dtype is not None:
+            _choice("ref_dtype", self.ref_dtype, ("float32", "bfloat16", "float16"))
         _choice("kl_estimator", self.kl_estimator, KL_ESTIMATOR_NAMES)
         _choice("correction", self.correction, CORRECTION_NAMES)
         _choice("schedule", self.schedule, SCHEDULE_NAMES)
@@ -100,6 +120,7 @@ class TrainConfig:
             )
         _check("norm_len", self.norm_len >= 0, self.norm_len, ">= 0")
         _check("kl_coef", self.kl_coef >= 0, self.kl_coef, ">= 0")
+        _check("entropy_coef", self.entropy_coef >= 0, self.entropy_coef, ">= 0")
         _check("is_cap", self.is_cap >= 1, self.is_cap, ">= 1")
         _check("m2_tau", self.m2_tau > 0, self.m2_tau, "> 0")
         if self.overlong_max_len:
@@ -111,7 +132,20 @@ class TrainConfig:
         _check("total_steps", self.total_steps >= 1, self.total_steps, ">= 1")
         _check("max_grad_norm", self.max_grad_norm >= 0, self.max_grad_norm, ">= 0")
         _check("micro_batches", self.micro_batches >= 1, self.micro_batches, ">= 1")
+        _check("mini_batches", self.mini_batches >= 1, self.mini_batches, ">= 1")
+        _check("epochs", self.epochs >= 1, self.epochs, ">= 1")
         _check("logprob_chunk", self.logprob_chunk >= 1, self.logprob_chunk, ">= 1")
         _check("lm_head_keep_mb", self.lm_head_keep_mb >= 0, self.lm_head_keep_mb, ">= 0")
         _check("checkpoint_every", self.checkpoint_every >= 0, self.checkpoint_every, ">= 0")
         _check("checkpoint_keep", self.checkpoint_keep >= 1, self.checkpoint_keep, ">= 1")
+
+    @property
+    def loss_aggregation(self) -> str:
+        """The aggregation the loss uses ("auto" resolved by the policy loss)."""
+        if self.aggregation != "auto":
+            return self.aggregation
+        return "seq_mean_token_mean" if self.policy_loss == "gspo" else "token_mean"
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0 or self.ref_metrics

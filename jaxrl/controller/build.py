@@ -92,6 +92,24 @@ def initial_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes):
                     "sft/wall_s": float(info.get("wall_s", 0.0))}
 
 
+def reference_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes, initial):
+    """The frozen reference policy for the KL term (None when not needed): `train.ref_init`'s
+    HF weights, else the run's initial policy. On resume it is rebuilt the way the initial
+    policy was (HF weights, the cached SFT warm start, or the seeded random init)."""
+    if not cfg.train.needs_reference:
+        return None
+    if cfg.train.ref_init:
+        from jaxrl.models.hf import load_pretrained
+        from jaxrl.train.state import params_from_model
+
+        _, model = load_pretrained(cfg.train.ref_init, mesh=mesh, role="trainer",
+                                   dtype=model_cfg.param_dtype)
+        return params_from_model(model)
+    if initial is None:
+        initial, _ = initial_params(cfg, mesh, tokenizer, task, model_cfg, processes)
+    return initial
+
+
 def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, version: int,
               eos_id: int, multi: bool):
     """(publisher, engine, scheduler): the generator's copy of the model on its own mesh, in
@@ -118,6 +136,20 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
                        version=version, kv_layout=cfg.generate.kv_layout,
                        page_size=cfg.generate.page_size)
     return GeneratorPublisher(sync, graphdef), engine, Scheduler(engine)
+
+
+def producer_config(cfg: RunConfig, prompts_per_step: int, process_index: int):
+    """The rollout producer's settings (this process's share of the prompts per step)."""
+    from jaxrl.controller.rollouts import ProducerConfig
+
+    data, gen = cfg.data, cfg.generate
+    return ProducerConfig(
+        prompts_per_step=prompts_per_step, group_size=data.group_size,
+        max_new_tokens=data.max_new_tokens, temperature=gen.temperature, top_k=gen.top_k,
+        top_p=gen.top_p, filter_zero_variance=data.filter_zero_variance,
+        max_oversample_rounds=cfg.pipeline.max_oversample_rounds,
+        inflight=cfg.pipeline.mode == "inflight", seed=cfg.seed,
+        prompt_format=data.prompt_format, slot_offset=process_index * prompts_per_step)
 
 
 def rewards(cfg: RunConfig, task, *, multi: bool, closers: list):

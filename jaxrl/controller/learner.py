@@ -84,7 +84,7 @@ class Learner:
         if not groups:  # config validation rules this out; say so rather than train on nothing
             raise RuntimeError(f"step {step}: every group exceeded the staleness bound "
                                f"{pc.max_staleness} and was dropped")
-        self._prev = self.trainer.step(groups_to_batch(groups))
+        self._prev = self.trainer.step(groups_to_batch(groups), seed_step=step)
         # wait for the update here, so that the trace's train_step span (and not the weight
         # sync that follows and would wait for it anyway) holds the trainer's compute
         jax.block_until_ready(self.trainer.state.params)

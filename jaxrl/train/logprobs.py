@@ -46,13 +46,13 @@ def _from_chunks(x):  # [N, B, c, ...] -> [B, N c, ...]
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _chunked_logp_entropy(h_BTE, w_EV, tgt_BT, chunk: int, keep_probs: bool):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _chunked_logp_entropy(h_BTE, w_EV, tgt_BT, chunk: int, keep_probs: bool, entropy_grad: bool):
     """(log softmax(h w)[tgt], entropy) per position, `chunk` positions of logits at a time."""
-    return _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk, keep_probs)[0]
+    return _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk, keep_probs, entropy_grad)[0]
 
 
-def _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk, keep_probs):
+def _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk, keep_probs, entropy_grad):
     n = h_BTE.shape[1] // chunk
 
     def one(args):
@@ -68,27 +68,35 @@ def _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk, keep_probs):
     return (_from_chunks(lp), _from_chunks(ent)), (h_BTE, w_EV, tgt_BT, kept)
 
 
-def _chunked_bwd(chunk, keep_probs, residuals, cotangents):
+def _chunked_bwd(chunk, keep_probs, entropy_grad, residuals, cotangents):
     """d logp / d logits = onehot(tgt) - softmax, with the softmax kept from the forward or
     recomputed from each chunk's logits and log-normaliser; dW accumulates over chunks in f32.
-    The entropy output carries no gradient."""
+    With `entropy_grad`, the entropy's cotangent adds dH / dz_v = -p_v (log p_v + H) (an entropy
+    bonus in the loss); without it the entropy output carries no gradient."""
     h_BTE, w_EV, tgt_BT, kept_N = residuals
-    g_BT = cotangents[0]
+    g_BT, gh_BT = cotangents
     n = h_BTE.shape[1] // chunk
 
     def one(dw_EV, args):
-        h_BcE, tgt_Bc, kept, g_Bc = args
+        h_BcE, tgt_Bc, kept, g_Bc, gh_Bc = args
         if keep_probs:
             p_BcV = kept
+            logp_BcV = jnp.log(jnp.maximum(p_BcV, jnp.finfo(jnp.float32).tiny))
         else:
-            p_BcV = jnp.exp(_head_logits(h_BcE, w_EV) - kept[..., None])
+            logp_BcV = _head_logits(h_BcE, w_EV) - kept[..., None]
+            p_BcV = jnp.exp(logp_BcV)
         onehot_BcV = jnp.arange(p_BcV.shape[-1])[None, None, :] == tgt_Bc[..., None]
-        dz_BcV = (g_Bc[..., None] * (onehot_BcV - p_BcV)).astype(h_BcE.dtype)
+        dz_BcV = g_Bc[..., None] * (onehot_BcV - p_BcV)
+        if entropy_grad:
+            ent_Bc = -jnp.sum(p_BcV * logp_BcV, axis=-1)
+            dz_BcV = dz_BcV - gh_Bc[..., None] * p_BcV * (logp_BcV + ent_Bc[..., None])
+        dz_BcV = dz_BcV.astype(h_BcE.dtype)
         dh_BcE = jnp.einsum("bcv,ev->bce", dz_BcV, w_EV, preferred_element_type=jnp.float32)
         dw_EV = dw_EV + jnp.einsum("bce,bcv->ev", h_BcE, dz_BcV, preferred_element_type=jnp.float32)
         return dw_EV, dh_BcE.astype(h_BcE.dtype)
 
-    xs = (_to_chunks(h_BTE, n), _to_chunks(tgt_BT, n), kept_N, _to_chunks(g_BT, n))
+    xs = (_to_chunks(h_BTE, n), _to_chunks(tgt_BT, n), kept_N, _to_chunks(g_BT, n),
+          _to_chunks(gh_BT, n))
     dw_EV, dh_NBcE = jax.lax.scan(one, jnp.zeros(w_EV.shape, jnp.float32), xs)
     return _from_chunks(dh_NBcE), dw_EV.astype(w_EV.dtype), None
 
@@ -97,9 +105,10 @@ _chunked_logp_entropy.defvjp(_chunked_fwd, _chunked_bwd)
 
 
 def logprobs_from_hidden(w_EV, h_BTE, tokens_BT, segment_ids_BT, *, chunk: int,
-                         keep_probs_mb: float = 0.0):
+                         keep_probs_mb: float = 0.0, entropy_grad: bool = False):
     """(logp_BT, entropy_BT) of `tokens` under logits = `h_BTE @ w_EV` (the lm head, see
-    `Transformer.head_weight`); entropy has no gradient.
+    `Transformer.head_weight`); entropy has a gradient only with `entropy_grad` (an entropy
+    bonus), else it is a statistic.
 
     `entropy_BT[:, t]` is the entropy of the distribution that predicted token t (same alignment).
     The lm head runs `chunk` positions at a time inside a custom VJP, so the forward never holds
@@ -117,8 +126,10 @@ def logprobs_from_hidden(w_EV, h_BTE, tokens_BT, segment_ids_BT, *, chunk: int,
     keep_probs = b * t * w_EV.shape[-1] * 4 <= keep_probs_mb * 2**20
     # target of position t is token t+1; the last position has none (masked below).
     tgt_BT = jnp.concatenate([tokens_BT[:, 1:], jnp.zeros_like(tokens_BT[:, :1])], axis=1)
-    lp_next_BT, ent_next_BT = _chunked_logp_entropy(h_BTE, w_EV, tgt_BT, c, keep_probs)
-    ent_next_BT = jax.lax.stop_gradient(ent_next_BT)
+    lp_next_BT, ent_next_BT = _chunked_logp_entropy(h_BTE, w_EV, tgt_BT, c, keep_probs,
+                                                    entropy_grad)
+    if not entropy_grad:
+        ent_next_BT = jax.lax.stop_gradient(ent_next_BT)
     # shift right: the prediction made at t-1 belongs to token t.
     zero_B1 = jnp.zeros((b, 1), jnp.float32)
     logp_BT = jnp.concatenate([zero_B1, lp_next_BT[:, :-1]], axis=1)
@@ -129,7 +140,7 @@ def logprobs_from_hidden(w_EV, h_BTE, tokens_BT, segment_ids_BT, *, chunk: int,
 
 
 def model_logprobs(model, batch: Batch, *, chunk: int, remat: str = "none",
-                   keep_probs_mb: float = 0.0, rope=None):
+                   keep_probs_mb: float = 0.0, rope=None, entropy_grad: bool = False):
     """(logp_BT, entropy_BT) of `batch.tokens` under an NNX `Transformer` (traceable); see
     `logprobs_from_hidden` for `chunk` and `keep_probs_mb`, `Transformer.hidden` for `rope`."""
 
@@ -141,7 +152,7 @@ def model_logprobs(model, batch: Batch, *, chunk: int, remat: str = "none",
     h_BTE = hidden(model, batch.tokens, batch.positions, batch.segment_ids, rope)
     w_EV = model.head_weight(h_BTE.dtype)
     return logprobs_from_hidden(w_EV, h_BTE, batch.tokens, batch.segment_ids, chunk=chunk,
-                                keep_probs_mb=keep_probs_mb)
+                                keep_probs_mb=keep_probs_mb, entropy_grad=entropy_grad)
 
 
 def _logprobs(params, batch: Batch, *, graphdef, chunk: int):

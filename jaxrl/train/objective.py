@@ -3,7 +3,7 @@
     adv_B              = advantage(rewards_B + overlong_penalty(|y|), groups)
     (w_BT, mask_BT)    = correction(pi_old, mu, loss_mask)            (w = 1 without correction)
     l_BT               = s_B * (sg(w_BT) * policy_loss(logp, pi_old, adv, mask)
-                                + kl_coef * KL_k(pi, pi_ref))
+                                + kl_coef * KL_k(pi, pi_ref) - entropy_coef * H(pi))
                          (s_B = batch.sample_weights: stale rows kept with a down-weight; else 1)
     loss               = aggregation(l_BT, mask_BT)    (normalised by WHOLE-batch counts)
 
@@ -133,19 +133,25 @@ def policy_objective(
         pg_BT = pg_BT * jax.lax.stop_gradient(w_BT)
     row_w_B1 = 1.0 if batch.sample_weights is None else batch.sample_weights[:, None]
     pg_BT = pg_BT * row_w_B1
-    agg = A.AGGREGATIONS.get(cfg.aggregation)
+    agg = A.AGGREGATIONS.get(cfg.loss_aggregation)
     norm_len = cfg.norm_len or logp_BT.shape[1]
     counts = dict(num_tokens=targets.num_tokens, num_seqs=targets.num_seqs, norm_len=norm_len)
     pg_loss = agg(pg_BT, mask_BT, **counts)
     loss = pg_loss
     stats["loss/policy"] = pg_loss
-    if cfg.kl_coef > 0:
-        kl_BT = A.KL_ESTIMATORS.get(cfg.kl_estimator)(logp_BT, batch.ref_logprobs) * row_w_B1
-        kl_loss = agg(kl_BT, mask_BT, **counts)
-        loss = loss + cfg.kl_coef * kl_loss
-        stats["loss/kl"] = kl_loss
+    if batch.ref_logprobs is not None:  # KL to the frozen reference policy
+        kl_BT = A.KL_ESTIMATORS.get(cfg.kl_estimator)(logp_BT, batch.ref_logprobs)
+        stats["policy/ref_kl"] = A.masked_mean(jax.lax.stop_gradient(kl_BT), mask_BT)
+        if cfg.kl_coef > 0:
+            kl_loss = agg(kl_BT * row_w_B1, mask_BT, **counts)
+            loss = loss + cfg.kl_coef * kl_loss
+            stats["loss/kl"] = kl_loss
+    if cfg.entropy_coef > 0:  # entropy bonus, aggregated like the policy loss
+        ent_loss = agg(entropy_BT * row_w_B1, mask_BT, **counts)
+        loss = loss - cfg.entropy_coef * ent_loss
+        stats["loss/entropy_bonus"] = -cfg.entropy_coef * ent_loss
     stats["loss/total"] = loss
-    stats["policy/entropy"] = A.masked_mean(entropy_BT, mask_BT)
+    stats["policy/entropy"] = A.masked_mean(jax.lax.stop_gradient(entropy_BT), mask_BT)
     return loss, stats
 
 
@@ -176,7 +182,7 @@ OBJECTIVES = {
 
 # Statistics that are summed over micro-batches (the losses, already globally normalised);
 # keys ending in "_max" take the max; every other key is a token-weighted mean.
-SUMMED_STATS = ("loss/policy", "loss/kl", "loss/total")
+SUMMED_STATS = ("loss/policy", "loss/kl", "loss/entropy_bonus", "loss/total")
 
 
 def combine_stats(acc: dict, new: dict, frac) -> dict:

@@ -34,7 +34,8 @@ def _micro_loss(params, mb: Batch, tg: Targets, rope=None, *, graphdef, cfg: Tra
                 objective: str = "policy"):
     model = nnx.merge(graphdef, params)
     logp_BT, ent_BT = model_logprobs(model, mb, chunk=cfg.logprob_chunk, remat=cfg.remat,
-                                     keep_probs_mb=cfg.lm_head_keep_mb, rope=rope)
+                                     keep_probs_mb=cfg.lm_head_keep_mb, rope=rope,
+                                     entropy_grad=cfg.entropy_coef > 0)
     return OBJECTIVES[objective][1](cfg, logp_BT, ent_BT, mb, tg)
 
 

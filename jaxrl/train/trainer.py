@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
@@ -22,6 +23,7 @@ from jaxrl.config import ModelConfig, TrainConfig
 from jaxrl.train.batch import Batch, check_batch, pad_batch, padded_shape
 from jaxrl.train.flops import mfu, peak_flops, train_flops_per_token
 from jaxrl.train.logprobs import make_logprobs_fn
+from jaxrl.train.minibatch import combine_update_metrics, plan_updates, take_rows
 from jaxrl.train.objective import correction_needs
 from jaxrl.train.state import (
     TrainState,
@@ -38,6 +40,20 @@ MIN_PADDED_LEN = 16
 
 class NonFiniteError(FloatingPointError):
     pass
+
+
+def frozen_copy(params: dict, shardings, dtype: str | None = None) -> dict:
+    """A copy of `params` on `shardings` (cast to `dtype`) that shares no buffer with them: the
+    train step donates the policy's buffers, never the reference's."""
+    placed = jax.device_put(params, shardings)
+    cast = jax.jit(lambda p: jax.tree.map(
+        lambda x: x.astype(dtype or x.dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+        else x + 0, p))
+    return cast(placed)
+
+
+def tree_bytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
 class Trainer:
@@ -61,15 +77,17 @@ class Trainer:
             else init_train_state(model_cfg, train_cfg, mesh, params=params)
         )
         self.ref_params = None
-        if train_cfg.kl_coef > 0:
+        if train_cfg.needs_reference:
             if ref_params is None:
-                raise ValueError("train.kl_coef > 0 needs ref_params (the reference policy)")
-            self.ref_params = jax.device_put(ref_params, self.shardings.params)
+                raise ValueError("train.kl_coef > 0 (or train.ref_metrics) needs ref_params, the "
+                                 "frozen reference policy")
+            self.ref_params = frozen_copy(ref_params, self.shardings.params, train_cfg.ref_dtype)
         self._step = make_train_step(self.graphdef, train_cfg, mesh, self.shardings)
         self._logprobs = make_logprobs_fn(self.graphdef, chunk=train_cfg.logprob_chunk)
         self.max_len = max_len
         self.row_multiple = train_cfg.micro_batches * mesh.shape["fsdp"]
         self._pending = None
+        self.last_updates: list[dict] = []
         self._last_done = None
         self._peak = None
 
@@ -99,20 +117,47 @@ class Trainer:
         batch = jax.device_put(batch, batch_shardings(batch, self.mesh))
         if "proximal" in correction_needs(self.cfg) and batch.proximal_logprobs is None:
             batch = batch.replace(proximal_logprobs=self.logprobs(self.state.params, batch))
-        if self.cfg.kl_coef > 0 and batch.ref_logprobs is None:
+        if self.ref_params is not None and batch.ref_logprobs is None:
             batch = batch.replace(ref_logprobs=self.logprobs(self.ref_params, batch))
         return batch
 
     # ---------------------------------------------------------------- stepping
-    def step(self, batch: Batch) -> dict | None:
-        """Dispatch one update; return the previous step's metrics (host floats) or None."""
+    @property
+    def updates_per_batch(self) -> int:
+        return self.cfg.mini_batches * self.cfg.epochs
+
+    def step(self, batch: Batch, *, seed_step: int = 0) -> dict | None:
+        """Dispatch the updates of one batch (`train.mini_batches` x `train.epochs`, shuffled
+        with a seed from `seed_step`); return the previous batch's metrics (host floats) or
+        None."""
         real_tokens = int(np.sum(np.asarray(batch.segment_ids) > 0))
         dev_batch = self.prepare(batch)
         t_dispatch = time.perf_counter()
-        self.state, metrics = self._step(self.state, dev_batch)
+        if self.updates_per_batch == 1:
+            self.state, metrics = self._step(self.state, dev_batch)
+            metrics = [metrics]
+        else:
+            metrics = self._several_updates(batch, dev_batch, seed_step)
         previous = self._read_pending()
-        self._pending = (metrics, t_dispatch, real_tokens, dev_batch.shape[1])
+        self._pending = (metrics, t_dispatch, real_tokens * self.cfg.epochs, dev_batch.shape[1])
         return previous
+
+    def _several_updates(self, host: Batch, full: Batch, seed_step: int) -> list:
+        """Updates on mini-batches of `full`, every ratio against the policy before the first
+        (`jaxrl.train.minibatch`)."""
+        if full.proximal_logprobs is None:  # pi_old: the policy that generated the batch
+            full = full.replace(proximal_logprobs=self.logprobs(self.state.params, full))
+        valid = np.any(np.asarray(host.segment_ids) > 0, axis=1)
+        plan = plan_updates(host.group_ids, valid, mini_batches=self.cfg.mini_batches,
+                            epochs=self.cfg.epochs, seed=(self.cfg.seed, seed_step),
+                            row_multiple=self.row_multiple)
+        out = []
+        for update in plan.updates:
+            mb = take_rows(full, update, plan.rows)
+            mb = jax.device_put(mb, batch_shardings(mb, self.mesh))
+            self.state, metrics = self._step(self.state, mb)
+            out.append(metrics)
+        return out
 
     def flush(self) -> dict | None:
         """Block on the last dispatched step and return its metrics."""
@@ -124,7 +169,9 @@ class Trainer:
         if self._pending is None:
             return None
         metrics, t_dispatch, tokens, length = self._pending
-        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        per_update = [{k: float(v) for k, v in m.items()} for m in jax.device_get(metrics)]
+        self.last_updates = per_update  # each update's metrics of the batch just read
+        host = per_update[0] if len(per_update) == 1 else combine_update_metrics(per_update)
         done = time.perf_counter()
         start = t_dispatch if self._last_done is None else max(t_dispatch, self._last_done)
         seconds = done - start

@@ -16,15 +16,26 @@ from jaxrl.controller.metrics import read_metrics
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_kl_coef_without_a_reference_policy_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"train.kl_coef=0.05 needs a frozen reference policy"):
-        RunConfig(train=TrainConfig(kl_coef=0.05))
-    out = subprocess.run([sys.executable, "launch/run.py", "--train.kl_coef=0.05"], cwd=ROOT,
+def test_bad_reference_directory_is_a_config_error_before_jax(tmp_path):
+    with pytest.raises(ConfigError, match=r"train.ref_init='.*nowhere' is not a Hugging Face"):
+        RunConfig(train=TrainConfig(kl_coef=0.05, ref_init=str(tmp_path / "nowhere")))
+    out = subprocess.run([sys.executable, "launch/run.py", "--train.kl_coef=0.05",
+                          f"--train.ref_init={tmp_path / 'nowhere'}"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 2, out.stderr[-2000:]
-    assert "error: train.kl_coef=0.05 needs a frozen reference policy" in out.stderr
-    assert "Traceback" not in out.stderr
+    assert "error: train.ref_init=" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_kl_coef_runs_against_a_frozen_reference(tmp_path):
+    """`--train.kl_coef` used to end in a traceback (no reference policy was ever built)."""
+    # the tiny random policy solves nothing (zero advantages): an entropy bonus moves it
+    cfg = tiny_run_config(tmp_path, train=dict(kl_coef=0.05, entropy_coef=0.05, lr=1e-2))
+    rows = read_metrics(jaxrl.run.run(cfg, progress=False, evaluate=False).run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[0]["loss/kl"] == pytest.approx(0.0, abs=1e-6)  # the policy is the reference
+    assert all(r["loss/kl"] > 0 and r["policy/ref_kl"] > 0 for r in rows[1:])
 
 
 def test_cross_section_checks_name_the_keys_and_the_fix():
@@ -80,3 +91,26 @@ def test_sft_launcher_starts_no_sandbox_pool_for_a_task_without_code(tmp_path, m
                     "--data.sft.batch_size=4", "--data.sft.cache=false", "--data.eval_size=2",
                     "--data.pass_k=1"])
     assert '"sandbox_tier": null' in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_mid_run_evaluation_uses_the_run_engine_and_one_schema(tmp_path, monkeypatch):
+    from jaxrl.generate import engine as engine_mod
+
+    made = []
+    real_init = engine_mod.JaxEngine.__init__
+
+    def counting(self, *a, **k):
+        made.append(1)
+        real_init(self, *a, **k)
+
+    monkeypatch.setattr(engine_mod.JaxEngine, "__init__", counting)
+    cfg = tiny_run_config(tmp_path, data=dict(eval_every=1))
+    result = jaxrl.run.run(cfg, progress=False)
+    rows = read_metrics(result.run_dir)
+    assert len(made) == 1  # before, during and after RL: the run's one engine
+    schema = {k for k in result.eval_start if k.startswith("eval/")}
+    assert schema == {k for k in result.eval_end if k.startswith("eval/")}
+    assert {"eval/pass@1", "eval/prompts", "eval/reward_errors", "eval/time_s"} <= schema
+    for row in rows:  # steps 0 and 1 mid-run, step 2 the end evaluation
+        assert {k for k in row if k.startswith("eval/")} == schema, row["step"]
