@@ -28,7 +28,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxrl.rewards.code_harness import encode
+from jaxrl.rewards.code_wire import encode
 
 AUTO_IMPORTS = ("math", "cmath", "re", "json", "collections", "itertools", "functools", "heapq",
                 "bisect", "string", "random", "fractions", "decimal", "statistics", "typing",
@@ -152,8 +152,7 @@ def _list_cases(tests: Sequence, func_name: str | None = None) -> list[dict]:
     return cases
 
 
-def build_spec(item: Mapping[str, Any], code: str, *, timeout_s: float,
-               max_reply_bytes: int = 8 << 20) -> dict:
+def build_spec(item: Mapping[str, Any], code: str) -> dict:
     """The judge's spec for one item (its tests in any format above) and candidate `code`.
 
     Raises ValueError naming the problem for a bad or unrecognised test spec.
@@ -215,8 +214,6 @@ def build_spec(item: Mapping[str, Any], code: str, *, timeout_s: float,
         "auto_imports": _auto_imports(trusted),
         "entry": entry,
         "cases": cases,
-        "timeout": float(timeout_s),
-        "max_reply": int(max_reply_bytes),
     }
 
 

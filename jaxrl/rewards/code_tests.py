@@ -1,10 +1,11 @@
 """The `code_tests` reward: run a completion's code against its tests in the sandbox pool.
 
-Test code and function cases: one sandbox job per completion runs the two-process harness of
-`code_harness`: the candidate's code runs in a fresh interpreter that only computes values, and a
-clean judge process, which never loads the candidate's code, runs the test code (with proxies
-standing in for the candidate's functions), compares, and writes the verdicts on a channel the
-candidate cannot reach; the trusted side here only counts `<index> pass|fail` lines.
+Test code and function cases: judge jobs (`code_harness`, `code_judge`): each candidate runs in
+a process of its own that only computes values (forked from a fork server that never held test
+data, or a fresh interpreter), and a clean judge process, which never loads a candidate's code,
+runs the test code (with proxies standing in for the candidate's functions), compares, and
+writes the verdicts on a channel no candidate can reach; the trusted side here only counts
+`<item> <case> pass|fail` lines.
 Stdin/stdout cases: one plain job per case; the expected output never enters the sandbox and the
 normalised stdout is compared here (bounded: stdout is capped by the pool). Test formats: see
 `code_formats` (HumanEval, MBPP, stdin/stdout pairs as in APPS / CodeContests / LiveCodeBench,
@@ -182,52 +183,68 @@ def code_tests_batch(
     test_timeout_s: float = 5.0,
     memory_mb: int = 512,
     max_job_timeout_s: float = 120.0,
+    items_per_job: int | None = None,
 ) -> list[float | Exception]:
-    """Scores many completions with ONE `pool.run` call. Per item: the fraction of test cases
-    passed (mode="fraction") or 1.0 only if all pass (mode="all"); a bad test spec gives its
-    exception.
+    """Scores many completions with one `pool.run` call (two if a judge job died early). Per
+    item: the fraction of test cases passed (mode="fraction") or 1.0 only if all pass
+    (mode="all"); a bad test spec gives its exception.
 
-    Jobs: one judge job per completion for its test code / function cases (each case bounded by
-    `test_timeout_s`; the job by that per case plus start-up, at most `max_job_timeout_s`), and
-    one plain job per stdin/stdout case (`test_timeout_s` each), whose expected output never
-    enters the sandbox: its stdout is compared here, after normalisation.
+    Jobs: judge jobs for test code and function cases, `items_per_job` completions each (default:
+    enough jobs for two per pool worker, at most 16 items), each case bounded by `test_timeout_s`
+    and each completion by `max_job_timeout_s`; and one plain job per stdin/stdout case
+    (`test_timeout_s` each), whose expected output never enters the sandbox: its stdout is
+    compared here, after normalisation.
     """
     if mode not in MODES:
         raise ValueError(f"code_tests mode must be one of {MODES}, got {mode!r}")
     if pool is None:
         raise ValueError("code_tests needs a sandbox pool: pass pool=LocalSandboxPool(...)")
+    if items_per_job is not None and not (isinstance(items_per_job, int) and items_per_job >= 1):
+        raise ValueError(f"items_per_job must be a positive int or None, got {items_per_job!r}")
     out: list[float | Exception] = [0.0] * len(items)
-    jobs: list[SandboxJob] = []
-    plan: list[tuple[int, str, Any]] = []  # (item, "judge" | "stdio", cases | expected) per job
+    stdio_jobs: list[SandboxJob] = []
+    stdio_plan: list[tuple[int, str]] = []  # (item, expected stdout) per stdio job
+    judged: list[dict] = []  # judge specs of the items with test code / function cases
+    judged_ids: list[int] = []
     totals = [0] * len(items)
     for k, item in enumerate(items):
-        code = extract_code(str(item.get("completion", "")))
         try:
-            spec = code_formats.build_spec(item, code, timeout_s=test_timeout_s)
-            item_jobs, item_plan = _jobs_for(k, spec, test_timeout_s, memory_mb,
-                                             max_job_timeout_s)
+            spec = code_formats.build_spec(item, extract_code(str(item.get("completion", ""))))
         except Exception as e:  # noqa: BLE001 - a bad spec is this item's error only
             out[k] = e
             continue
         totals[k] = len(spec["cases"])
-        jobs += item_jobs
-        plan += item_plan
-    if not jobs:
-        return out
-    results = pool.run(jobs)
-    if len(results) != len(jobs):
-        raise RuntimeError(f"pool returned {len(results)} results for {len(jobs)} jobs")
+        for c in spec["cases"]:
+            if c["k"] == "stdio":
+                stdio_jobs.append(SandboxJob(code=spec["candidate"], stdin=c["stdin"],
+                                             timeout_s=test_timeout_s, memory_mb=memory_mb))
+                stdio_plan.append((k, c["expected"]))
+        cases = [c for c in spec["cases"] if c["k"] != "stdio"]
+        if cases:
+            judged.append({**spec, "cases": cases})
+            judged_ids.append(k)
+    per_job = items_per_job or code_harness.auto_per_job(
+        len(judged), getattr(pool, "num_workers", None))
+    kw = dict(timeout_s=test_timeout_s, memory_mb=memory_mb, max_item_timeout_s=max_job_timeout_s)
+    jobs, groups = code_harness.judge_jobs(judged, per_job=per_job, **kw)
+    for job, group in zip(jobs, groups, strict=True):
+        if len(job.code) > MAX_CODE_BYTES:
+            for i in group:
+                out[judged_ids[i]] = ValueError(
+                    f"tests + code make a {len(job.code)}-char judge job, over the sandbox's "
+                    f"{MAX_CODE_BYTES}")
+    ok_jobs = [(j, g) for j, g in zip(jobs, groups, strict=True) if len(j.code) <= MAX_CODE_BYTES]
     passed = [0] * len(items)
-    for (k, kind, payload), res in zip(plan, results, strict=True):
-        if isinstance(out[k], Exception):
-            continue
-        if kind == "stdio":
-            passed[k] += _stdio_passes(res, payload)
-            continue
-        verdicts, setup_error = code_harness.parse_verdicts(res.stdout, payload)
-        if setup_error is not None:
-            out[k] = ValueError(f"the item's test setup code failed: {setup_error}")
-        passed[k] += sum(verdicts)
+    results = _run(pool, stdio_jobs + [j for j, _ in ok_jobs])
+    for (k, expected), res in zip(stdio_plan, results[:len(stdio_jobs)], strict=True):
+        passed[k] += _stdio_passes(res, expected)
+    rerun: list[int] = []
+    for (_, group), res in zip(ok_jobs, results[len(stdio_jobs):], strict=True):
+        rerun += _count(res, group, judged, judged_ids, passed, out)
+    if rerun:  # a job died before these items started: each alone, so no neighbour can hurt it
+        jobs, groups = code_harness.judge_jobs([judged[i] for i in rerun], per_job=1, **kw)
+        for res, group in zip(_run(pool, jobs), groups, strict=True):
+            _count(res, [rerun[group[0]]], judged, judged_ids, passed, out)
     for k in range(len(items)):
         if not isinstance(out[k], Exception) and totals[k]:
             frac = passed[k] / totals[k]
@@ -235,23 +252,30 @@ def code_tests_batch(
     return out
 
 
-def _jobs_for(k: int, spec: dict, timeout_s: float, memory_mb: int, max_job_timeout_s: float):
-    jobs, plan = [], []
-    for c in spec["cases"]:
-        if c["k"] == "stdio":
-            jobs.append(SandboxJob(code=spec["candidate"], stdin=c["stdin"], timeout_s=timeout_s,
-                                   memory_mb=memory_mb))
-            plan.append((k, "stdio", c["expected"]))
-    judged = [c for c in spec["cases"] if c["k"] != "stdio"]
-    if judged:
-        src = code_harness.judge_source({**spec, "cases": judged})
-        if len(src) > MAX_CODE_BYTES:
-            raise ValueError(f"tests + code make a {len(src)}-char job, over the sandbox's "
-                             f"{MAX_CODE_BYTES}")
-        timeout = min(max_job_timeout_s, timeout_s * (len(judged) + 1) + 2.0)
-        jobs.append(SandboxJob(code=src, timeout_s=timeout, memory_mb=memory_mb))
-        plan.append((k, "judge", len(judged)))
-    return jobs, plan
+def _run(pool, jobs: list[SandboxJob]) -> list[SandboxResult]:
+    if not jobs:
+        return []
+    results = pool.run(jobs)
+    if len(results) != len(jobs):
+        raise RuntimeError(f"pool returned {len(results)} results for {len(jobs)} jobs")
+    return results
+
+
+def _count(res: SandboxResult, group: list[int], judged: list[dict], judged_ids: list[int],
+           passed: list[int], out: list) -> list[int]:
+    """Adds a judge job's passes into `passed`; returns the items it never started (when it
+    judged more than one)."""
+    verdicts = code_harness.parse_verdicts(res.stdout, [len(judged[i]["cases"]) for i in group])
+    not_started = []
+    for i, v in zip(group, verdicts, strict=True):
+        k = judged_ids[i]
+        if not v["started"] and len(group) > 1:
+            not_started.append(i)
+        elif v["setup_error"] is not None:
+            out[k] = ValueError(f"the item's test setup code failed: {v['setup_error']}")
+        else:
+            passed[k] += sum(v["passed"])
+    return not_started
 
 
 def _stdio_passes(result: SandboxResult, expected: str) -> bool:

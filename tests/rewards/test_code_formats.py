@@ -121,13 +121,11 @@ def test_apps_call_based_and_tolerance(pool):
 
 def test_bad_specs_name_the_problem():
     with pytest.raises(ValueError, match="func_name"):
-        build_spec({"tests": [{"input": "1", "output": "1", "testtype": "functional"}]}, "",
-                   timeout_s=1)
+        build_spec({"tests": [{"input": "1", "output": "1", "testtype": "functional"}]}, "")
     with pytest.raises(ValueError, match="entry_point"):
-        build_spec({"tests": {"test": "def check(c): pass", "entry_point": "not a name"}}, "",
-                   timeout_s=1)
+        build_spec({"tests": {"test": "def check(c): pass", "entry_point": "not a name"}}, "")
     with pytest.raises(ValueError, match="no 'tests' field"):
-        build_spec({"completion": "x"}, "", timeout_s=1)
+        build_spec({"completion": "x"}, "")
 
 
 def test_setup_error_is_the_items_error(pool):

@@ -149,24 +149,27 @@ def test_honest_solutions_pass(pool):
                  ATTACKS["patched_math_isclose"][0]) == 1.0
 
 
+MEMORY_SCAN = """
+    import re
+    def f():
+        found = []
+        with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb") as mem:
+            for line in maps:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if "r" not in line.split()[1] or hi - lo > 1 << 28:
+                    continue
+                try:
+                    mem.seek(lo)
+                    found += re.findall(rb"SECRET_[0-9]{9}", mem.read(hi - lo))
+                except (OSError, ValueError, OverflowError):
+                    pass
+        return found[0].decode() if found else ""
+    """
+
+
 def test_test_data_is_not_in_the_candidates_memory(pool):
     """The candidate scans its whole address space for the expected value: absent."""
-    code = """
-        import re
-        def f():
-            found = []
-            with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb") as mem:
-                for line in maps:
-                    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
-                    if "r" not in line.split()[1] or hi - lo > 1 << 28:
-                        continue
-                    try:
-                        mem.seek(lo)
-                        found += re.findall(rb"SECRET_[0-9]{9}", mem.read(hi - lo))
-                    except (OSError, ValueError, OverflowError):
-                        pass
-            return found[0].decode() if found else ""
-    """
+    code = MEMORY_SCAN
     tests = ["assert f() == 'SECRET_987654321'"]
     assert score(pool, code, tests, test_timeout_s=10) == 0.0
     # The scan itself works: it finds what the candidate's own source holds.
@@ -230,3 +233,140 @@ def test_python_semantics_in_comparisons(pool):
              "assert f() is not f()"]
     assert score(pool, code, tests) == 1.0
     assert score(pool, code, ["assert f() == (1,)"]) == 0.0
+
+
+# --- several completions in one judge job (the fork-server path) --------------------------------
+
+SQ_TESTS = ["assert sq(3) == 9", "assert sq(-2) == 4"]
+SQ_OK, SQ_BAD = "def sq(x):\n    return x * x\n", "def sq(x):\n    return x + x\n"
+
+
+class _Counting:
+    """Records the number of jobs of every `run` call."""
+
+    def __init__(self, pool):
+        self.pool, self.calls = pool, []
+
+    def run(self, jobs):
+        self.calls.append(len(jobs))
+        return self.pool.run(jobs)
+
+
+def _batch(pool, pairs, calls=None, **kw):
+    """Scores (completion, tests) pairs with up to 16 per judge job; `calls`: the allowed lists
+    of `pool.run` sizes."""
+    items = [{"completion": textwrap.dedent(c), "tests": t} for c, t in pairs]
+    counting = _Counting(pool)
+    out = code_tests_batch(items, pool=counting, items_per_job=16, **kw)
+    if calls is not None:
+        assert counting.calls in calls
+    return out
+
+
+def test_attacks_in_one_job_with_honest_neighbours(pool):
+    """Every attack shares a job with right and wrong solutions of other problems: the attacks
+    score 0, the neighbours what they earn."""
+    pairs, want = [], []
+    for i, name in enumerate(sorted(ATTACKS)):
+        tests, code = ATTACKS[name]
+        neighbour = [f"assert sq({n}) == {n * n}" for n in (i + 3, i + 4)]
+        ok = i % 2 == 0
+        pairs += [(code, tests), (SQ_OK if ok else SQ_BAD, neighbour)]
+        want += [0.0, 1.0 if ok else 0.0]
+    assert _batch(pool, pairs) == want
+
+
+KILL_JUDGE = """
+    import os, signal
+    def judge_pid():
+        with open("/proc/%d/stat" % os.getppid()) as f:   # our parent is the fork server
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    def sq(x):
+        for pid in (judge_pid(), os.getppid()):
+            os.kill(pid, signal.SIGKILL)
+        return x * x
+"""
+
+DAEMON = """
+    import os, time
+    def sq(x):
+        me = os.getpid()
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:           # a grandchild in its own session, outliving us
+                while True:              # waits until our process is gone (the next item runs)
+                    try:
+                        os.kill(me, 0)
+                    except ProcessLookupError:
+                        break
+                    time.sleep(0.005)
+                time.sleep(0.1)
+                for _ in range(300):     # then kills everything this uid can signal
+                    try:
+                        os.kill(-1, 9)
+                    except OSError:
+                        pass
+                    time.sleep(0.01)
+            os._exit(0)
+        return x + x
+"""
+SLOW_SQ = "def sq(x):\n    import time\n    time.sleep(0.4)\n    return x * x\n"
+
+REACH_OTHERS = """
+    import os, struct
+    hits = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:                                  # inject into the fork server / the judge
+            with open("/proc/%s/mem" % name, "r+b") as f:
+                hits.append(("mem", name))
+        except OSError:
+            pass
+        try:
+            for fd in os.listdir("/proc/%s/fd" % name):
+                try:
+                    w = os.open("/proc/%s/fd/%s" % (name, fd), os.O_WRONLY | os.O_NONBLOCK)
+                    frame = b'["v", 9]'
+                    os.write(w, struct.pack(">I", len(frame)) + frame)
+                    os.write(w, b"0 0 pass \\n1 0 pass \\n2 0 pass \\n")
+                    hits.append(("fd", name, fd))
+                except OSError:
+                    pass
+        except OSError:
+            pass
+    def sq(x):
+        return len(hits) * 1000 + 2   # wrong either way
+"""
+
+
+def test_a_candidate_that_kills_the_judge_hurts_only_itself(pool):
+    pairs = [(SQ_OK, SQ_TESTS), (KILL_JUDGE, ["assert sq(2) == 4", "assert sq(1) == 1"]),
+             (SQ_OK, ["assert sq(5) == 25"]), (SQ_BAD, ["assert sq(4) == 16"]),
+             (SQ_OK, ["assert sq(6) == 36"])]
+    # Where it can find and kill the judge (tier A), the items after it are rerun alone.
+    out = _batch(pool, pairs, calls=([1], [1, 3]), test_timeout_s=2)
+    assert out[0] == 1.0 and out[2:] == [1.0, 0.0, 1.0]
+    assert out[1] <= 0.5  # its first call may have answered before the judge died
+
+
+def test_a_leftover_daemon_cannot_reach_the_next_items(pool):
+    pairs = [(DAEMON, ["assert sq(3) == 9"]), (SLOW_SQ, ["assert sq(7) == 49"]),
+             (SLOW_SQ, ["assert sq(8) == 64", "assert sq(9) == 81"])]
+    t0 = time.monotonic()
+    out = _batch(pool, pairs, calls=([1],), test_timeout_s=2)  # swept before it fired
+    assert out == [0.0, 1.0, 1.0]
+    assert time.monotonic() - t0 < 20
+
+
+def test_no_candidate_can_write_into_the_server_judge_or_verdicts(pool):
+    pairs = [(REACH_OTHERS, ["assert sq(1) == 1"]), (SQ_BAD, ["assert sq(3) == 9"]),
+             (SQ_BAD, ["assert sq(4) == 16"])]
+    assert _batch(pool, pairs, calls=([1],)) == [0.0, 0.0, 0.0]
+
+
+def test_neighbours_test_data_is_not_in_a_candidates_memory(pool):
+    pairs = [(SQ_OK, ["assert sq(3) == 9", "assert 'SECRET_555444333'"]),
+             (MEMORY_SCAN, ["assert f() == 'SECRET_987654321'"]),
+             (SQ_OK, ["assert sq(2) == 4 and 'SECRET_111222333'"])]
+    assert _batch(pool, pairs, test_timeout_s=10) == [1.0, 0.0, 1.0]

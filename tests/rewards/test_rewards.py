@@ -278,21 +278,19 @@ def test_killable_workers_recover_from_crash_and_memory(workers):
 def test_build_spec_formats():
     from jaxrl.rewards.code_formats import build_spec
 
-    spec = build_spec({"tests": ["assert add(1, 2) == 3", "assert is_ok(1)\nassert not is_ok(0)"]},
-                      "", timeout_s=1)
+    spec = build_spec({"tests": ["assert add(1, 2) == 3", "assert is_ok(1)\nassert not is_ok(0)"]}, "")
     assert [c["src"] for c in spec["cases"]] == [
         "assert add(1, 2) == 3", "assert is_ok(1)", "assert not is_ok(0)"]
-    apps = build_spec({"tests": '{"inputs": ["1 2"], "outputs": ["3"]}'}, "", timeout_s=1)
+    apps = build_spec({"tests": '{"inputs": ["1 2"], "outputs": ["3"]}'}, "")
     assert apps["cases"] == [{"k": "stdio", "stdin": "1 2", "expected": "3"}]
-    fn = build_spec({"tests": {"inputs": [[1, 2]], "outputs": [3], "fn_name": "add"}}, "",
-                    timeout_s=1)
+    fn = build_spec({"tests": {"inputs": [[1, 2]], "outputs": [3], "fn_name": "add"}}, "")
     assert fn["cases"][0]["k"] == "call" and fn["cases"][0]["args"] == ["l", [1, 2]]
     # Any assert form is accepted now (it runs in the clean judge process).
-    build_spec({"tests": ["assert abs(f(1) - 3.0) < 1e-6"]}, "", timeout_s=1)
+    build_spec({"tests": ["assert abs(f(1) - 3.0) < 1e-6"]}, "")
     with pytest.raises(ValueError, match="does not parse"):
-        build_spec({"tests": ["assert f(1) =="]}, "", timeout_s=1)
+        build_spec({"tests": ["assert f(1) =="]}, "")
     with pytest.raises(ValueError, match="unrecognised test case"):
-        build_spec({"tests": [{"foo": 1}]}, "", timeout_s=1)
+        build_spec({"tests": [{"foo": 1}]}, "")
 
 
 def test_legacy_harness_keeps_expected_values_out():  # the single-process harness pysynth uses
