@@ -278,7 +278,8 @@ def test_killable_workers_recover_from_crash_and_memory(workers):
 def test_build_spec_formats():
     from jaxrl.rewards.code_formats import build_spec
 
-    spec = build_spec({"tests": ["assert add(1, 2) == 3", "assert is_ok(1)\nassert not is_ok(0)"]}, "")
+    spec = build_spec({"tests": ["assert add(1, 2) == 3", "assert is_ok(1)\nassert not is_ok(0)"]},
+                      "")
     assert [c["src"] for c in spec["cases"]] == [
         "assert add(1, 2) == 3", "assert is_ok(1)", "assert not is_ok(0)"]
     apps = build_spec({"tests": '{"inputs": ["1 2"], "outputs": ["3"]}'}, "")
