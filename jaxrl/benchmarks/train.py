@@ -42,7 +42,9 @@ def bench_model_config(args):
         tie_embeddings=True,
         max_position_embeddings=max(args.seq, 512),
         attention_impl="auto",
-        dtype=args.dtype,
+        # bf16-mixed: the trainer's precision setting (bf16 compute, f32 master weights) rather
+        # than the model config's
+        dtype="float32" if args.dtype == "bf16-mixed" else args.dtype,
         param_dtype="float32",
     )
 
@@ -71,7 +73,9 @@ def make_jax_step(args, model_cfg, inputs):
     n = len(jax.devices())
     mesh = make_meshes(MeshConfig(trainer=(n, 1), generator=(n, 1), colocated=True)).trainer
     cfg = TrainConfig(
-        lr=1e-5, micro_batches=args.micro_batches, remat=args.remat, logprob_chunk=args.chunk
+        lr=1e-5, micro_batches=args.micro_batches, remat=args.remat, logprob_chunk=args.chunk,
+        compute_dtype="bfloat16" if args.dtype == "bf16-mixed" else "auto",
+        param_dtype="float32",
     )
     trainer = Trainer(model_cfg, cfg, mesh)
     batch = make_batch(*inputs)
@@ -154,7 +158,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--micro-batches", type=int, default=4, help="gradient accumulation")
     p.add_argument("--remat", default="none")
     p.add_argument("--chunk", type=int, default=128, help="logprob chunk (tokens)")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "bf16-mixed"],
+                   help="compute dtype (master weights f32); bf16-mixed sets it through "
+                        "train.compute_dtype; the torch peer runs in float32")
     p.add_argument("--torch-threads", type=int, default=2)
     args = p.parse_args(argv)
 

@@ -79,6 +79,11 @@ class TrainConfig:
     # kept whole; every ratio against the policy that generated the batch). 1 and 1: one update.
     mini_batches: int = 1
     epochs: int = 1
+    # --- precision: master weights + optimizer state (param_dtype) and the forward / backward
+    # (compute_dtype). "auto": the model config's param dtype; compute bf16 on accelerators
+    # (with f32 master weights: mixed precision), the model config's dtype on CPU.
+    param_dtype: str = "auto"
+    compute_dtype: str = "auto"
     # --- step mechanics
     micro_batches: int = 1  # gradient accumulation inside one update
     remat: str = "none"
@@ -102,6 +107,8 @@ class TrainConfig:
                 "published GSPO objective (a token-level mean weights long sequences more and "
                 "changes what the sequence-level ratio optimises); use aggregation "
                 "'seq_mean_token_mean' (or 'auto')")
+        for name in ("param_dtype", "compute_dtype"):
+            _choice(name, getattr(self, name), ("auto", "float32", "bfloat16", "float16"))
         if self.ref_dtype is not None:
             _choice("ref_dtype", self.ref_dtype, ("float32", "bfloat16", "float16"))
         _choice("kl_estimator", self.kl_estimator, KL_ESTIMATOR_NAMES)
@@ -149,3 +156,11 @@ class TrainConfig:
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0 or self.ref_metrics
+
+    def precision(self, model_param_dtype: str, model_dtype: str, platform: str) -> tuple[str, str]:
+        """(param dtype, compute dtype) of the trainer's model on `platform` ("cpu", "gpu",
+        "tpu"), "auto" resolved as the fields say."""
+        param = model_param_dtype if self.param_dtype == "auto" else self.param_dtype
+        if self.compute_dtype != "auto":
+            return param, self.compute_dtype
+        return param, model_dtype if platform == "cpu" else "bfloat16"

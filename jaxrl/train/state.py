@@ -145,6 +145,9 @@ def init_train_state(
             _INIT[key] = jax.jit(init, out_shardings=shardings)
     if params is None:
         return _INIT[key]()
+    abstract = nnx.to_pure_dict(model_graphdef(model_cfg, train_cfg)[1])
+    params = jax.tree.map(  # e.g. f32 master weights from bf16 checkpoint weights
+        lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype), params, abstract)
     return _INIT[key](jax.device_put(params, shardings.params))
 
 

@@ -12,6 +12,7 @@ the host never waits on the step it just dispatched. A NaN/Inf loss or gradient 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -68,6 +69,9 @@ class Trainer:
         max_len: int | None = None,
         state: TrainState | None = None,
     ):
+        param_dtype, compute_dtype = train_cfg.precision(
+            model_cfg.param_dtype, model_cfg.dtype, mesh.devices.flat[0].platform)
+        model_cfg = dataclasses.replace(model_cfg, param_dtype=param_dtype, dtype=compute_dtype)
         self.model_cfg, self.cfg, self.mesh = model_cfg, train_cfg, mesh
         self.graphdef, _ = model_graphdef(model_cfg, train_cfg)
         self.abstract_state, self.shardings = train_state_shardings(model_cfg, train_cfg, mesh)
