@@ -86,8 +86,8 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     tokenizer = load_tokenizer(cfg.tokenizer)
     task = build_task(cfg.data)
     model_cfg = build.model_config(cfg, tokenizer)
-    max_prompt = build.max_prompt_len(cfg, task, tokenizer)
-    check_model_lengths(cfg, model_cfg, int((max_prompt - 8) / 1.5))
+    longest = build.longest_prompt(cfg, task, tokenizer)
+    check_model_lengths(cfg, model_cfg, longest)
     tracker = SolveRateTracker.from_config(cfg.data)
     prompts = prompt_iterator(task, processes.data_config(cfg.data),
                               process_index=processes.index, process_count=processes.count,
@@ -118,7 +118,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     # 4. generator, rewards, producer, evaluator
     publisher, engine, scheduler = build.generator(
         cfg, model_cfg, meshes.generator, trainer.state.params,
-        seq_len=max_prompt + cfg.data.max_new_tokens, version=start_step,
+        seq_len=int(longest * 1.5) + 8 + cfg.data.max_new_tokens, version=start_step,
         eos_id=tokenizer.eos_id, multi=processes.multi)
     pool, scorer = build.rewards(cfg, task, multi=processes.multi, closers=closers)
     producer = RolloutProducer(

@@ -61,11 +61,11 @@ def model_config(cfg: RunConfig, tokenizer):
     return model_cfg
 
 
-def max_prompt_len(cfg: RunConfig, task, tokenizer) -> int:
-    """The longest prompt the KV cache is sized for: 1.5x the longest of 64 held-out ones + 8."""
+def longest_prompt(cfg: RunConfig, task, tokenizer) -> int:
+    """Tokens in the longest of (up to) 64 held-out prompts. The KV cache is sized for prompts
+    of 1.5x that + 8 (`generate.max_len=0`)."""
     records = task.eval_records(min(64, cfg.data.eval_size))
-    lengths = [len(task.render(r, tokenizer, cfg.data.prompt_format)) for r in records]
-    return int(max(lengths) * 1.5) + 8
+    return max(len(task.render(r, tokenizer, cfg.data.prompt_format)) for r in records)
 
 
 def initial_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes):
