@@ -42,7 +42,7 @@ if _s.implementation.cache_tag == {tag!r}:
 exec(_c if _c is not None else compile({src!r}, "<judge>", "exec"))
 """
 _judge_code: bytes | None = None
-_LINE_RE = re.compile(r"(\d{1,4}) (-1|\d{1,7}) (pass|fail) ?(.{0,400})|(start|done) (\d{1,4})")
+_LINE_RE = re.compile(r"(\d{1,4}) (-[12]|\d{1,7}) (pass|fail) ?(.{0,400})|(start|done) (\d{1,4})")
 
 
 def judge_source(items: Sequence[dict], *, timeout_s: float, max_reply_bytes: int = 8 << 20
@@ -119,7 +119,7 @@ def parse_verdicts(stdout: str, case_counts: Sequence[int]) -> list[dict]:
         i, c = int(m.group(1)), int(m.group(2))
         if i >= len(out):
             continue
-        if c == -1:
+        if c < 0:  # -1: the test's setup failed; -2: the sandbox could not start Python
             out[i]["setup_error"] = m.group(4)
         elif c < case_counts[i]:
             out[i]["lines"][c].append(m.group(3))

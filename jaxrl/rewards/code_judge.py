@@ -76,6 +76,7 @@ def _why(e):
         return "exception"
 
 
+_send(["boot"])  # the interpreter works; from here on, what happens is the candidate's doing
 _ns = {"__name__": "__solution__"}
 try:
     exec(compile(_src, "<solution>", "exec"), _ns)
@@ -163,6 +164,10 @@ class _Abort(BaseException):
     """The candidate broke the protocol, hung or died: the case fails whatever the test does."""
 
 
+class _Infra(_Abort):
+    """The candidate's interpreter did not start: the item is an error, not a failure."""
+
+
 class CandidateError(Exception):
     """An exception the candidate raised whose type is not a builtin exception."""
 
@@ -240,7 +245,7 @@ class Judge:
     def spawn(self, argv, fds):
         """fds[j] becomes the new process's fd j (-1: /dev/null for 0-2)."""
         acts = [(os.POSIX_SPAWN_DUP2, self.null if f < 0 else f, j) for j, f in enumerate(fds)]
-        return os.posix_spawn(self.exe, [self.exe, "-I", "-S", "-c", *argv], dict(os.environ),
+        return os.posix_spawn(self.exe, [self.exe, "-I", "-S", "-B", "-c", *argv], dict(os.environ),
                               file_actions=acts, setsigdef=self.sigs, setsid=True)
 
     def start_server(self, n):
@@ -282,7 +287,7 @@ class Judge:
             try:
                 os.write(ctl_w, b"%d\n" % self.item)
                 self.pid = int(_read_line(pid_r, _now() + self.timeout))
-                self.req, self.rep, self.own = req_w, rep_r, False
+                self.req, self.rep, self.own, self.rbuf = req_w, rep_r, False, bytearray()
             except (OSError, ValueError, _Abort):
                 for fd in (req_w, rep_r):
                     os.close(fd)
@@ -299,7 +304,7 @@ class Judge:
         finally:
             for fd in (src, req_r, rep_w):
                 os.close(fd)
-        self.req, self.rep, self.own = req_w, rep_r, True
+        self.req, self.rep, self.own, self.rbuf = req_w, rep_r, True, bytearray()
         os.set_blocking(req_w, False)
         os.set_blocking(rep_r, False)
 
@@ -362,6 +367,12 @@ class Judge:
         return kids
 
     def ready(self):
+        try:
+            msg = self.recv(self.t_launch + self.timeout)
+        except _Abort as e:  # before any candidate code ran: the sandbox cannot start Python
+            raise _Infra("the candidate's interpreter did not start: %s" % e) from None
+        if msg[0] != "boot":
+            raise _Infra("bad boot message")
         msg = self.recv(self.t_launch + self.timeout)
         if msg[0] == "load" and len(msg) == 2:
             raise _Abort("load_error " + str(msg[1]))
@@ -375,9 +386,17 @@ class Judge:
         self.ready()
 
     def recv(self, deadline):
-        buf = bytearray()
-        need = 4
-        while len(buf) < need:
+        """One frame from the candidate (frames may arrive together: the rest stays buffered)."""
+        buf = self.rbuf
+        while True:
+            if len(buf) >= 4:
+                need = 4 + int.from_bytes(buf[:4], "big")
+                if need > self.cap:
+                    raise _Abort("reply over %d bytes" % self.cap)
+                if len(buf) >= need:
+                    frame = bytes(buf[4:need])
+                    del buf[:need]
+                    break
             left = deadline - _now()
             if left <= 0:
                 raise _Abort("timeout")
@@ -387,14 +406,8 @@ class Judge:
             if not chunk:
                 raise _Abort("candidate died")
             buf += chunk
-            if need == 4 and len(buf) >= 4:
-                need = 4 + int.from_bytes(buf[:4], "big")
-                if need > self.cap:
-                    raise _Abort("reply over %d bytes" % self.cap)
-        if len(buf) != need:
-            raise _Abort("bad frame")
         try:
-            msg = json.loads(bytes(buf[4:]).decode("utf-8", "surrogatepass"))
+            msg = json.loads(frame.decode("utf-8", "surrogatepass"))
         except (ValueError, RecursionError, MemoryError):
             raise _Abort("reply is not valid data") from None
         if type(msg) is not list or not msg or type(msg[0]) is not str:
@@ -473,7 +486,7 @@ class Judge:
         try:
             self.launch()  # the candidate starts while the test is set up
         except (OSError, _Abort) as e:
-            launch_error = _Abort("cannot start the candidate: %s" % e)
+            launch_error = _Infra("cannot start the candidate: %s" % e)
         ns = {"__name__": "__test__", "__builtins__": builtins}
         try:
             for mod in item["auto_imports"]:
@@ -487,6 +500,9 @@ class Judge:
             if launch_error:
                 raise launch_error
             self.ready()
+        except _Infra as e:
+            self.emit(-2, False, "infra_error %s" % e)
+            return
         except _Abort as e:
             for i in range(len(self.cases)):
                 self.emit(i, False, e)

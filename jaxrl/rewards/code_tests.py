@@ -271,6 +271,8 @@ def _count(res: SandboxResult, group: list[int], judged: list[dict], judged_ids:
         k = judged_ids[i]
         if not v["started"] and len(group) > 1:
             not_started.append(i)
+        elif v["setup_error"] is not None and v["setup_error"].startswith("infra_error"):
+            out[k] = RuntimeError(f"code_tests could not run the item: {v['setup_error']}")
         elif v["setup_error"] is not None:
             out[k] = ValueError(f"the item's test setup code failed: {v['setup_error']}")
         else:

@@ -370,3 +370,20 @@ def test_neighbours_test_data_is_not_in_a_candidates_memory(pool):
              (MEMORY_SCAN, ["assert f() == 'SECRET_987654321'"]),
              (SQ_OK, ["assert sq(2) == 4 and 'SECRET_111222333'"])]
     assert _batch(pool, pairs, test_timeout_s=10) == [1.0, 0.0, 1.0]
+
+
+def test_a_sandbox_that_cannot_start_python_is_an_error_not_a_zero(pool, monkeypatch):
+    from jaxrl.rewards import code_harness
+
+    broken = code_harness.JUDGE_SRC.replace("self.exe = sys.executable",
+                                            "self.exe = '/nonexistent/python'")
+    assert broken != code_harness.JUDGE_SRC
+    monkeypatch.setattr(code_harness, "JUDGE_SRC", broken)
+    monkeypatch.setattr(code_harness, "_judge_code", None)
+    out = code_tests_batch([{"completion": SQ_OK, "tests": SQ_TESTS},
+                            {"completion": SQ_OK, "tests": ["assert sq(5) == 25"]}], pool=pool)
+    assert all(isinstance(o, RuntimeError) and "did not start" in str(o) or
+               "cannot start" in str(o) for o in out), out
+    monkeypatch.undo()
+    code_harness._judge_code = None
+    assert code_tests_batch([{"completion": SQ_OK, "tests": SQ_TESTS}], pool=pool) == [1.0]
