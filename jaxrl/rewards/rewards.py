@@ -343,9 +343,10 @@ def code_tests(prompt: str, completion: str, *, tests=None, pool=None, **fields)
 
     Tests: `tests`, or a dataset's own fields (HumanEval `test` + `entry_point` with `prompt`,
     MBPP `test_list`, ...; see `code_formats.py`). Options: mode ("fraction" | "all"),
-    test_timeout_s (per case), memory_mb, max_job_timeout_s. See `code_tests.py`.
+    test_timeout_s (per case), memory_mb, max_job_timeout_s (per completion), items_per_job.
+    See `code_tests.py`.
     """
-    option_names = ("mode", "test_timeout_s", "memory_mb", "max_job_timeout_s")
+    option_names = ("mode", "test_timeout_s", "memory_mb", "max_job_timeout_s", "items_per_job")
     options = {k: fields.pop(k) for k in option_names if k in fields}
     item = {**fields, "prompt": prompt, "completion": completion}
     if tests is not None:
