@@ -7,7 +7,7 @@ else its last number (`math_latex.extract_answer`). Backends:
 
   * "sympy" (hand-written): both answers are normalised (`math_latex.normalize`: wrappers, spacing,
     units and `%` as configured), equal strings match; otherwise both are parsed by the bounded
-    parser of `math_latex` (LaTeX fractions, roots, powers, `\\pi`, `i`, functions, tuples,
+    parser of `math_parse` (LaTeX fractions, roots, powers, `\\pi`, `i`, functions, tuples,
     intervals, sets, `\\pm`, matrices) into sympy values and compared by `values_equal`: exact
     numbers exactly, a decimal on either side within `rel_tol`, expressions with variables at random
     points, tuples and intervals in order (brackets must agree), sets and bare lists as multisets.
@@ -19,25 +19,19 @@ else its last number (`math_latex.extract_answer`). Backends:
   * "auto": "math_verify" if it is installed, else "sympy".
 
 Every check runs in a killable worker (`jaxrl.rewards.workers`) under the reward's deadline and the
-worker's memory limit; the parser's size limits (`MAX_ANSWER_CHARS`, `math_latex.MAX_DIGITS`, ...)
+worker's memory limit; the parser's size limits (`MAX_ANSWER_CHARS`, `math_parse.MAX_DIGITS`, ...)
 keep ordinary hostile answers far below both.
+
+Modules: `math_latex` (extraction, normalisation), `math_parse` (the parser), this one (comparison,
+backends, options).
 """
 
 from __future__ import annotations
 
 import random
 
-from jaxrl.rewards.math_latex import (
-    PERCENT_CHOICES,
-    UNITS_CHOICES,
-    Bag,
-    Parsed,
-    Seq,
-    Unparsable,
-    extract_answer,
-    normalize,
-    parse_answer,
-)
+from jaxrl.rewards.math_latex import PERCENT_CHOICES, UNITS_CHOICES, extract_answer, normalize
+from jaxrl.rewards.math_parse import Bag, Parsed, Seq, Unparsable, parse_answer
 
 __all__ = [
     "BACKENDS",

@@ -177,7 +177,7 @@ def test_slow_check_is_killed_at_the_deadline_and_the_worker_replaced():
 
 
 def test_size_limits_are_where_documented():
-    from jaxrl.rewards import math_latex as ml
+    from jaxrl.rewards import math_parse as ml
 
     assert ml.parse_answer("10^{4999}").value == 10**4999
     for big in ("10^{5001}", "2^{20000}", "x^{65}", "1001!", "\\sqrt[101]{2}"):
