@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from jaxrl.rewards.code_judge import BOOT_SRC, JUDGE_SRC, SERVER_SRC
-from jaxrl.rewards.types import SandboxJob
+from jaxrl.rewards.types import MAX_CODE_BYTES, SandboxJob
 
 MAX_ITEMS_PER_JOB = 16  # the judge holds 5 fds per item at the start (RLIMIT_NOFILE is 256)
 
@@ -87,13 +87,20 @@ def pack(items: Sequence[dict], per_job: int) -> list[list[int]]:
 def judge_jobs(items: Sequence[dict], *, per_job: int, timeout_s: float, memory_mb: int,
                max_item_timeout_s: float) -> tuple[list[SandboxJob], list[list[int]]]:
     """Judge jobs for `items` and, per job, the indices of the items it judges."""
-    groups = pack(items, per_job)
-    jobs = []
-    for group in groups:
-        budget = sum(min(max_item_timeout_s, timeout_s * (len(items[i]["cases"]) + 1) + 2.0)
-                     for i in group)
-        jobs.append(SandboxJob(code=judge_source([items[i] for i in group], timeout_s=timeout_s),
-                               timeout_s=min(3600.0, budget + 5.0), memory_mb=memory_mb))
+    jobs, groups = [], []
+    for group in pack(items, per_job):
+        code = judge_source([items[i] for i in group], timeout_s=timeout_s)
+        if len(code) > MAX_CODE_BYTES and len(group) > 1:  # big tests: one item per job
+            split = [[i] for i in group]
+            codes = [judge_source([items[i]], timeout_s=timeout_s) for i in group]
+        else:
+            split, codes = [group], [code]
+        for g, c in zip(split, codes, strict=True):
+            budget = sum(min(max_item_timeout_s, timeout_s * (len(items[i]["cases"]) + 1) + 2.0)
+                         for i in g)
+            jobs.append(SandboxJob(code=c, timeout_s=min(3600.0, budget + 5.0),
+                                   memory_mb=memory_mb))
+            groups.append(g)
     return jobs, groups
 
 
