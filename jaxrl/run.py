@@ -83,7 +83,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     if processes.leader:
         closers.append(lambda: trace.save(run_dir / "trace.json"))
     # 2. tokenizer, task, model config, prompts
-    tokenizer = load_tokenizer(cfg.tokenizer)
+    tokenizer = load_tokenizer(cfg.tokenizer, init=cfg.init)  # "auto": the model's own
     task = build_task(cfg.data)
     model_cfg = build.model_config(cfg, tokenizer)
     longest = build.longest_prompt(cfg, task, tokenizer)
@@ -92,6 +92,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     prompts = prompt_iterator(task, processes.data_config(cfg.data),
                               process_index=processes.index, process_count=processes.count,
                               tracker=tracker)
+    build.check_data_lasts(cfg, prompts, cfg.pipeline.steps)  # before any work
     data_states = DataStates(prompts, tracker, processes)
     # 3. the trainer (its state from HF / SFT, or from the latest checkpoint)
     params, sft_metrics = None, {}
@@ -111,6 +112,9 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     start_step = 0
     if resume:  # checkpoints are numbered by pipeline steps done
         start_step = ckpt.latest_step()
+        if start_step >= cfg.pipeline.steps:
+            log.info("run %s is complete (%d of %d steps done); nothing to do", cfg.name,
+                     start_step, cfg.pipeline.steps)
         trainer.replace_state(ckpt.restore(trainer.abstract_state, step=start_step))
         if processes.leader:
             build.truncate_metrics(run_dir, start_step)
@@ -135,7 +139,12 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     def log_row(step: int, row: dict) -> None:
         if sft_metrics and step == start_step:
             row.update(sft_metrics)
+        if step == 0 and evals["start"]:  # the before-RL evaluation is logged at step 0
+            row.update(evals["start"])
         logger.log(step, row)
+
+    def log_samples(step: int, row: dict) -> None:
+        logger.log_samples(step, producer.samples.pop(step, []))
 
     learner = Learner(
         trainer=trainer, sync=publisher, pipeline_cfg=cfg.pipeline, processes=processes,
@@ -153,7 +162,8 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
         ckpt.save(trainer.state, step=steps_done)
 
     def evaluate_mid_run(steps_done: int, row: dict) -> None:
-        if steps_done < total:  # the end is evaluated after the pipeline stopped
+        # the end is evaluated after the pipeline stopped; step 0's row holds the before-RL one
+        if steps_done < total and not (steps_done == 1 and evals["start"]):
             row.update(evaluator(steps_done, pipeline=pipeline))
 
     def evaluate_end(steps_done: int, row: dict) -> None:
@@ -165,6 +175,10 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
             advice.append(build.planner_report(run_dir))
 
     learner.add_hook(log_row, every=1, at_end=True, on="row")
+    if cfg.pipeline.samples_every:
+        learner.add_hook(log_samples, every=cfg.pipeline.samples_every, on="row")
+    logger.log_config(dataclasses.asdict(cfg))
+    evaluator.progress = progress
     learner.add_hook(planner_feedback, every=0, on="row")
     learner.add_hook(save_checkpoint, every=cfg.train.checkpoint_every, at_end=True)
     if do_eval:

@@ -14,7 +14,7 @@ This package imports no JAX, so sandbox workers and tools can read configs cheap
 """
 
 from jaxrl.config.base import ConfigError, DTypeName, validate_literals
-from jaxrl.config.data import DataConfig, DataConfigError, SFTConfig, tiny_task_model_config
+from jaxrl.config.data import DataConfig, DataConfigError, SFTConfig
 from jaxrl.config.overrides import (
     apply_override,
     apply_overrides,
@@ -45,6 +45,6 @@ __all__ = [
     "DTypeName", "DataConfig", "DataConfigError", "DistConfig",
     "GenerateConfig", "MeshConfig", "ModelConfig", "PipelineConfig", "PipelineMode",
     "RewardsConfig", "RopeScaling", "RunConfig", "SFTConfig", "TrainConfig", "ahead_for",
-    "apply_override", "apply_overrides", "load_config", "parse_value", "tiny_task_model_config",
+    "apply_override", "apply_overrides", "load_config", "parse_value",
     "to_dict", "validate_literals",
 ]

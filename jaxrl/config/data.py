@@ -157,15 +157,3 @@ class DataConfig:
     @property
     def rollouts_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
-
-
-def tiny_task_model_config(**overrides):
-    """The default tiny model for the synthetic tasks with the char tokenizer (~0.8M params):
-    4 layers, width 128, 4 heads (2 KV heads), vocab 128 >= the char tokenizer's 100."""
-    from jaxrl.config.sections import ModelConfig
-
-    base = dict(architecture="qwen2", vocab_size=128, hidden_size=128, intermediate_size=384,
-                num_layers=4, num_heads=4, num_kv_heads=2, max_position_embeddings=256,
-                qkv_bias=True, tie_embeddings=True)
-    base.update(overrides)
-    return ModelConfig(**base)

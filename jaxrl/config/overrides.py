@@ -1,5 +1,5 @@
-"""Experiment files and strict `--a.b=c` overrides (unknown key, wrong type or bad enum: an error
-naming the key, the valid choices and the value received). No JAX imports."""
+"""Experiment files and strict `--a.b=c` / `--a.b c` overrides (unknown key, wrong type or bad
+enum: an error naming the key, the valid choices and the value received). No JAX imports."""
 
 from __future__ import annotations
 
@@ -98,14 +98,49 @@ def apply_override(cfg: Any, key: str, text: str, _prefix: str = "") -> Any:
         raise ConfigError(f"--{_prefix}{key}={text}: {e}") from None
 
 
-def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
-    """Apply `--a.b=c` (or `a.b=c`) strings in order."""
-    for item in overrides:
+def _key_type(cfg: Any, key: str) -> Any:
+    """The annotated type of the dotted `key` in `cfg` (None when it is not a known value)."""
+    cls = type(cfg)
+    *heads, last = key.split(".")
+    for head in heads:
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        cls, _ = _strip_optional(hints.get(head))
+    hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+    return hints.get(last)
+
+
+def split_overrides(cfg: Any, items: list[str]) -> list[tuple[str, str]]:
+    """`--a.b=c`, `a.b=c` or `--a.b c` items -> [(key, text)]; a bare `--flag` sets a boolean key
+    to true. Anything else fails naming the item."""
+    pairs, i = [], 0
+    while i < len(items):
+        item = items[i]
+        if not item.startswith("--") and "=" not in item:
+            raise ConfigError(f"unexpected argument {item!r}; overrides look like --key=value "
+                              "or --key value")
         body = item[2:] if item.startswith("--") else item
-        if "=" not in body:
-            raise ConfigError(f"override {item!r} must look like --key.sub=value")
-        key, text = body.split("=", 1)
-        cfg = apply_override(cfg, key.strip(), text)
+        if "=" in body:
+            key, text = body.split("=", 1)
+        elif i + 1 < len(items) and not items[i + 1].startswith("--"):
+            key, text = body, items[i + 1]
+            i += 1
+        elif _strip_optional(_key_type(cfg, body))[0] is bool:
+            key, text = body, "true"
+        else:
+            tp = _key_type(cfg, body)
+            if tp is None or dataclasses.is_dataclass(_strip_optional(tp)[0]):
+                apply_override(cfg, body, "")  # an unknown key or a section: its own error
+            raise ConfigError(f"override {item!r} needs a value: --{body}=VALUE or --{body} VALUE "
+                              "(overrides look like --key.sub=value or --key.sub value)")
+        pairs.append((key.strip(), text))
+        i += 1
+    return pairs
+
+
+def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
+    """Apply `--a.b=c` / `--a.b c` (or `a.b=c`) overrides in order."""
+    for key, text in split_overrides(cfg, list(overrides)):
+        cfg = apply_override(cfg, key, text)
     return cfg
 
 

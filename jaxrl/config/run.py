@@ -25,8 +25,10 @@ class RunConfig:
     name: str = "default"
     seed: int = 0
     run_dir: str = "runs"
-    init: str | None = None  # local HF directory to start from; None = random init (+ SFT)
-    tokenizer: str = "char"  # "char" or a local HF tokenizer directory
+    init: str | None = None  # HF model to start from: local directory or Hub id (org/name,
+    #   from the local HF cache; downloaded when online); None = random init (+ SFT)
+    tokenizer: str = "auto"  # "auto" = the model's own when `init` is set, else "char";
+    #   "char", a local HF tokenizer directory, or a Hub id
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)

@@ -17,6 +17,7 @@ from jaxrl.config.base import (
     check_positive,
     validate_literals,
 )
+from jaxrl.dtypes import canonical_dtype
 
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
 Architecture = Literal["llama", "qwen2", "qwen3"]
@@ -59,6 +60,9 @@ class ModelConfig:
     remat: bool = False  # rematerialise each decoder layer in the backward pass
 
     def __post_init__(self):
+        for name in ("dtype", "param_dtype"):  # jnp.bfloat16, np.float32, "bfloat16", ...
+            object.__setattr__(self, name,
+                               canonical_dtype(getattr(self, name), f"model.{name}", ConfigError))
         validate_literals(self)
         check_positive(
             "model",
@@ -154,6 +158,9 @@ class GenerateConfig:
     page_size: int = 16  # positions per page (kv_layout="paged"; the GPU kernel needs 2^k >= 16)
 
     def __post_init__(self):
+        if self.dtype is not None:
+            object.__setattr__(self, "dtype",
+                               canonical_dtype(self.dtype, "generate.dtype", ConfigError))
         check_choice("generate", "kv_layout", self.kv_layout, typing.get_args(KVLayout))
         validate_literals(self) if self.dtype is not None else None
         check_positive("generate", num_slots=self.num_slots, chunk_steps=self.chunk_steps,
@@ -208,6 +215,9 @@ class PipelineConfig:
     stale_policy: Literal["drop", "downweight"] = "drop"
     stale_weight: float = 0.5
     max_oversample_rounds: int = 2  # extra prompt draws to replace zero-variance groups
+    # every this many steps, a few (prompt, completion, reward) samples go to TensorBoard (text)
+    # and <run_dir>/samples.jsonl; 0 = off
+    samples_every: int = 10
 
     def __post_init__(self):
         validate_literals(self)
@@ -217,6 +227,9 @@ class PipelineConfig:
                 f"pipeline: max_staleness and max_oversample_rounds must be >= 0, got "
                 f"{self.max_staleness} and {self.max_oversample_rounds}"
             )
+        if self.samples_every < 0:
+            raise ConfigError(
+                f"pipeline.samples_every: must be >= 0 (0 = off), got {self.samples_every}")
         if self.mode in ("async", "inflight") and self.max_staleness < 1:
             raise ConfigError(
                 f"pipeline.max_staleness: mode {self.mode!r} needs >= 1, got {self.max_staleness}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxrl.config.base import ConfigError
+from jaxrl.dtypes import canonical_dtype
 
 ADVANTAGE_NAMES = ("drgrpo", "grpo", "rloo")
 POLICY_LOSS_NAMES = ("cispo", "gspo", "ppo_clip")
@@ -107,10 +108,11 @@ class TrainConfig:
                 "published GSPO objective (a token-level mean weights long sequences more and "
                 "changes what the sequence-level ratio optimises); use aggregation "
                 "'seq_mean_token_mean' (or 'auto')")
-        for name in ("param_dtype", "compute_dtype"):
-            _choice(name, getattr(self, name), ("auto", "float32", "bfloat16", "float16"))
-        if self.ref_dtype is not None:
-            _choice("ref_dtype", self.ref_dtype, ("float32", "bfloat16", "float16"))
+        for name in ("param_dtype", "compute_dtype", "ref_dtype"):
+            value = getattr(self, name)
+            if value not in (None, "auto"):  # jnp.bfloat16, np.float32, "bfloat16", ...
+                object.__setattr__(self, name,
+                                   canonical_dtype(value, f"train.{name}", ConfigError))
         _choice("kl_estimator", self.kl_estimator, KL_ESTIMATOR_NAMES)
         _choice("correction", self.correction, CORRECTION_NAMES)
         _choice("schedule", self.schedule, SCHEDULE_NAMES)

@@ -45,12 +45,14 @@ def truncate_metrics(run_dir: Path, from_step: int) -> None:
 
 
 def model_config(cfg: RunConfig, tokenizer):
-    """`cfg.model`, or the Hugging Face model's own config when `cfg.init` names one."""
+    """`cfg.model`, or the Hugging Face model's own config when `cfg.init` names one (a local
+    directory or a Hub id, `jaxrl.models.hub.resolve`)."""
     model_cfg = cfg.model
     if cfg.init:
         from jaxrl.models.hf import config_from_hf
+        from jaxrl.models.hub import resolve
 
-        hf = json.loads((Path(cfg.init) / "config.json").read_text())
+        hf = json.loads((resolve(cfg.init, what="init") / "config.json").read_text())
         model_cfg = config_from_hf(hf, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
                                    attention_impl=cfg.model.attention_impl,
                                    remat=cfg.model.remat)
@@ -68,6 +70,28 @@ def longest_prompt(cfg: RunConfig, task, tokenizer) -> int:
     return max(len(task.render(r, tokenizer, cfg.data.prompt_format)) for r in records)
 
 
+def check_data_lasts(cfg: RunConfig, prompts, steps: int) -> None:
+    """Fail before any work when `steps` more batches would exhaust the prompts (data.epochs
+    passes over this process's shard), with the numbers and the settings that fix it."""
+    left = prompts.batches_left()
+    if left is None or left >= steps:
+        if left is not None and left < steps * (1 + cfg.pipeline.max_oversample_rounds):
+            log.warning(
+                "the prompts last %d steps; replacing zero-variance groups "
+                "(pipeline.max_oversample_rounds=%d) draws more and may exhaust them: consider "
+                "--data.epochs=0 (repeat)", left, cfg.pipeline.max_oversample_rounds)
+        return
+    per_epoch = prompts.shard_size // prompts.prompts_per_step
+    need = -(-steps * prompts.prompts_per_step // prompts.shard_size)
+    raise ConfigError(
+        f"the data runs out: {prompts.shard_size} training prompts"
+        f"{' per process' if cfg.dist.num_processes else ''} at data.prompts_per_step="
+        f"{cfg.data.prompts_per_step} make {per_epoch} steps per epoch, and data.epochs="
+        f"{cfg.data.epochs} leaves {left} of the {steps} steps to run (pipeline.steps="
+        f"{cfg.pipeline.steps}); set --data.epochs={need} or more, --data.epochs=0 (repeat "
+        f"forever), or --pipeline.steps<={left}")
+
+
 def initial_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes):
     """Params on the trainer mesh and their metrics: HF weights, or random init plus the cached
     SFT warm start."""
@@ -76,13 +100,14 @@ def initial_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes):
 
     if cfg.init:
         from jaxrl.models.hf import load_pretrained
+        from jaxrl.models.hub import resolve
 
-        _, model = load_pretrained(cfg.init, mesh=mesh, role="trainer",
+        _, model = load_pretrained(resolve(cfg.init, what="init"), mesh=mesh, role="trainer",
                                    dtype=model_cfg.param_dtype)
         return params_from_model(model), {}
     processes.check_sft_cached(cfg, model_cfg, tokenizer)
-    params, info = warm_start(model_cfg, cfg.data, mesh=mesh, tokenizer=tokenizer, task=task,
-                              on_log=lambda s, m: log.info("sft step %d: %s", s, m))
+    # SFT shows its own progress display (jaxrl.controller.progress): no second line per step
+    params, info = warm_start(model_cfg, cfg.data, mesh=mesh, tokenizer=tokenizer, task=task)
     if params is None:
         from jaxrl.models import create_model
 
@@ -100,9 +125,11 @@ def reference_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes
         return None
     if cfg.train.ref_init:
         from jaxrl.models.hf import load_pretrained
+        from jaxrl.models.hub import resolve
         from jaxrl.train.state import params_from_model
 
-        _, model = load_pretrained(cfg.train.ref_init, mesh=mesh, role="trainer",
+        _, model = load_pretrained(resolve(cfg.train.ref_init, what="train.ref_init"),
+                                   mesh=mesh, role="trainer",
                                    dtype=model_cfg.param_dtype)
         return params_from_model(model)
     if initial is None:
@@ -118,7 +145,7 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
 
     from jaxrl.controller.weight_sync import GeneratorPublisher, WeightSync
     from jaxrl.distributed import local_replica
-    from jaxrl.generate.engine import JaxEngine
+    from jaxrl.generate.engine import MIN_BUCKET, JaxEngine
     from jaxrl.generate.scheduler import Scheduler
     from jaxrl.models.model import abstract_model
     from jaxrl.sharding import pure_state_shardings
@@ -131,7 +158,8 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
     gen_params, _ = sync(trainer_params)
     engine = JaxEngine(nnx.merge(graphdef, gen_params),
                        num_slots=round_up(cfg.generate.num_slots, mesh.shape["dp"]),
-                       max_len=cfg.generate.max_len or next_power_of_two(seq_len, minimum=16),
+                       max_len=cfg.generate.max_len or next_power_of_two(seq_len,
+                                                                          minimum=MIN_BUCKET),
                        mesh=mesh, chunk_steps=cfg.generate.chunk_steps, eos_ids=(eos_id,),
                        version=version, kv_layout=cfg.generate.kv_layout,
                        page_size=cfg.generate.page_size)

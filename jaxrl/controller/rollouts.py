@@ -27,6 +27,9 @@ from jaxrl.controller.trace import TraceWriter
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.generate.scheduler import Scheduler
 
+SAMPLES_PER_STEP = 4  # (prompt, completion, reward) samples kept per batch
+KEEP_SAMPLES_STEPS = 64  # batches whose samples the producer holds for the run's hook
+
 
 def request_seed(run_seed: int, step: int, round_: int, slot: int) -> int:
     digest = hashlib.sha256(f"{run_seed}/{step}/{round_}/{slot}".encode()).digest()
@@ -59,6 +62,9 @@ class RolloutProducer:
         self.tracker = tracker
         self.data_states = data_states  # a `DataStates`: the state after each batch is drawn
         self.version = None
+        # step -> Produced.samples of the last few batches, for the run's samples hook (the
+        # learner hands rows, not batches, to hooks)
+        self.samples: dict[int, list[dict]] = {}
 
     def _install(self, weights: Callable[[], tuple[Any, int]]) -> None:
         params, version = weights()
@@ -108,13 +114,25 @@ class RolloutProducer:
             groups.append(Group(example=record, rollouts=rollouts))
         return groups, scores.metrics()
 
+    def _samples(self, groups: list[Group]) -> list[dict]:
+        """The first completion of the first `SAMPLES_PER_STEP` prompts, as text."""
+        out = []
+        for g in groups[:SAMPLES_PER_STEP]:
+            r = g.rollouts[0]
+            out.append({
+                "prompt": self.tokenizer.decode(r.prompt, errors="replace"),
+                "completion": self.tokenizer.decode(r.completion, errors="replace"),
+                "reward": float(r.reward),
+            })
+        return out
+
     def install(self, weights: Callable[[], tuple[Any, int]]) -> None:
         """Put the newest published weights into the engine (if not there already)."""
         self._install(weights)
 
     def evaluate(self, records: list[dict], *, pass_k: int, temperature: float, seed: int,
-                 greedy: bool = True, prefix: str = "eval",
-                 index_offset: int = 0) -> dict[str, float]:
+                 greedy: bool = True, prefix: str = "eval", index_offset: int = 0,
+                 on_sample: Callable[[int], None] | None = None) -> dict[str, float]:
         """pass@1 / pass@k (and greedy pass@1) with the engine's current weights.
 
         `index_offset`: position of `records[0]` among all held-out records (a process's share
@@ -122,7 +140,8 @@ class RolloutProducer:
 
         Runs on this producer's scheduler: call it from the generator thread while the pipeline
         runs (`Pipeline.call_on_generator`), or when it is not running. Metrics as
-        `jaxrl.data.evaluate.eval_metrics` defines them.
+        `jaxrl.data.evaluate.eval_metrics` defines them. `on_sample(n)`, if given, is called as
+        completions finish (n of them; `len(records) * (pass_k + greedy)` in all): progress.
         """
         from jaxrl.data.evaluate import eval_metrics
 
@@ -138,6 +157,8 @@ class RolloutProducer:
             done = {rid: [] for rid in ids}
             for c in self.scheduler.run():
                 done[c.request_id].append(c)
+                if on_sample is not None:
+                    on_sample(1)
             texts = [self.tokenizer.decode(c.tokens, errors="replace")
                      for rid in ids for c in sorted(done[rid], key=lambda c: c.sample_index)]
             expanded = [r for r in records for _ in range(n)]
@@ -161,7 +182,14 @@ class RolloutProducer:
         all_rewards: list[float] = []
         rounds = 0
         while True:
-            records = next(self.prompts)
+            try:
+                records = next(self.prompts)
+            except StopIteration:
+                raise RuntimeError(
+                    f"step {step}: the training prompts ran out after {self.prompts.consumed} "
+                    f"draws (data.epochs={self.prompts.epochs}; replacing zero-variance groups "
+                    "draws extra prompts): raise data.epochs, or set it to 0 to repeat forever"
+                ) from None
             completions = self._generate(records, step, rounds, weights)
             groups, metrics = self._score(records, completions)
             reward_metrics.append(metrics)
@@ -202,9 +230,13 @@ class RolloutProducer:
         for key in reward_metrics[0]:
             if key != "reward/mean":
                 metrics[key] = float(np.mean([m[key] for m in reward_metrics if key in m]))
+        samples = self._samples(groups)
+        self.samples[step] = samples
+        for old in [s for s in self.samples if s < step - KEEP_SAMPLES_STEPS]:
+            del self.samples[old]
         return Produced(
             step=step, payload=groups, num_rollouts=n_rollouts,
             num_tokens=sum(g.num_tokens for g in groups), busy_s=time.perf_counter() - start,
             min_version=min(g.min_version for g in groups),
-            metrics=metrics,
+            metrics=metrics, samples=samples,
         )

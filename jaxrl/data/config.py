@@ -10,5 +10,5 @@ from jaxrl.config.data import (  # noqa: F401
     SFTConfig,
     Split,
     task_names,
-    tiny_task_model_config,
 )
+from jaxrl.presets import tiny_task_model_config  # noqa: F401  (moved; the old name still works)

@@ -63,6 +63,7 @@ class PromptIterator:
                              f"{process_count}: some process would get none")
         self.source = source
         self.prompts_per_step = prompts_per_step
+        self.epochs = epochs
         self.tracker = tracker
         ds = grain.MapDataset.source(source)[process_index::process_count]
         self.shard_size = len(ds)
@@ -81,6 +82,13 @@ class PromptIterator:
 
     def __iter__(self) -> PromptIterator:
         return self
+
+    def batches_left(self) -> int | None:
+        """Whole batches the stream still holds (None: it repeats forever); prompts skipped by
+        the tracker make the real number smaller."""
+        if not self.epochs:
+            return None
+        return (self.shard_size * self.epochs - self.consumed) // self.prompts_per_step
 
     def __next__(self) -> list[dict]:
         batch: list[dict] = []

@@ -34,8 +34,10 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl.config import DataConfig, ModelConfig, TrainConfig, to_dict
+from jaxrl.controller.progress import Progress
 from jaxrl.data.pipeline import PromptIterator
 from jaxrl.data.tasks import Task, build_task, resolve_format
+from jaxrl.rounding import round_up
 from jaxrl.train.batch import Batch
 from jaxrl.train.state import init_train_state, model_graphdef, train_state_shardings
 from jaxrl.train.step import make_train_step
@@ -72,7 +74,7 @@ def sft_rows(task: Task, records: Sequence[Mapping], tokenizer, prompt_format: s
                              f"data.sft.max_len={max_len}")
         rows.append((p, d))
     b = len(rows)
-    t = min(max_len, -(-max(len(p) + len(d) for p, d in rows) // pad_to) * pad_to)
+    t = min(max_len, round_up(max(len(p) + len(d) for p, d in rows), pad_to))
     tokens = np.full((b, t), tokenizer.pad_id, np.int32)
     mask = np.zeros((b, t), np.float32)
     seg = np.zeros((b, t), np.int32)
@@ -104,19 +106,22 @@ def run_sft(model_cfg: ModelConfig, data_cfg: DataConfig, *, mesh: Mesh, tokeniz
     # the trainer's own jitted step (non-finite guard included) with the "sft" objective
     step_fn = make_train_step(graphdef, train_cfg, mesh, shardings, objective="sft")
     losses, t0, pending = [], time.perf_counter(), None
+    # the one console display of SFT (process 0); `on_log` receives the same rows as data
+    bar = Progress("SFT", sft.steps, unit="step", enabled=jax.process_index() == 0)
     for step in range(1, sft.steps + 1):
         batch = sft_rows(task, next(it), tokenizer, fmt, sft.max_len)
         state, metrics = step_fn(state, batch)
         if pending is not None:  # read the previous step's metrics: no host sync per step
-            _record(pending, losses, sft.log_every, on_log, sft.steps)
+            _record(pending, losses, sft.log_every, on_log, sft.steps, bar)
         pending = (step, metrics)
     if pending is not None:
-        _record(pending, losses, sft.log_every, on_log, sft.steps)
+        _record(pending, losses, sft.log_every, on_log, sft.steps, bar)
+    bar.close()
     params = jax.block_until_ready(state.params)
     return params, {"losses": losses, "wall_s": time.perf_counter() - t0, "steps": sft.steps}
 
 
-def _record(pending, losses, every, on_log, last):
+def _record(pending, losses, every, on_log, last, bar):
     step, metrics = pending
     if step % every == 0 or step == 1 or step == last:
         host = jax.device_get(metrics)
@@ -125,9 +130,9 @@ def _record(pending, losses, every, on_log, last):
             raise FloatingPointError(f"SFT loss is {m['sft/loss']} at step {step}; lower "
                                      "data.sft.lr")
         losses.append((step, m["sft/loss"]))
+        bar.update(step - bar.done, step=step, loss=round(m["sft/loss"], 4))
         if on_log:
             on_log(step, m)
-        log.info("sft step %d loss %.4f", step, m["sft/loss"])
 
 
 # --- cache ----------------------------------------------------------------------------------------
