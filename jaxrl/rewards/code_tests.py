@@ -12,8 +12,10 @@ normalised stdout is compared here (bounded: stdout is capped by the pool). Test
 function calls, assert lists). The exit status is never a verdict.
 
 `TestCase`, `harness_source`, `parse_harness_output` and `values_equal` are the older
-single-process harness, kept for `jaxrl.data.pysynth` (its own tests compare values on the
-trusted side); `code_tests` no longer uses them.
+single-process harness, kept for `jaxrl.data.pysynth`; `code_tests` no longer uses them. They have
+the weaknesses issue 17 found (the candidate can read the nonce and print result lines; values
+are parsed with `ast.literal_eval` on the trusted side, unbounded in time): pysynth compares only
+values the candidate computes itself, but it should move to the judge.
 """
 
 from __future__ import annotations
