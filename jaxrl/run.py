@@ -112,9 +112,6 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     start_step = 0
     if resume:  # checkpoints are numbered by pipeline steps done
         start_step = ckpt.latest_step()
-        if start_step >= cfg.pipeline.steps:
-            log.info("run %s is complete (%d of %d steps done); nothing to do", cfg.name,
-                     start_step, cfg.pipeline.steps)
         trainer.replace_state(ckpt.restore(trainer.abstract_state, step=start_step))
         if processes.leader:
             build.truncate_metrics(run_dir, start_step)
@@ -137,14 +134,9 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     closers.append(logger.close)
 
     def log_row(step: int, row: dict) -> None:
-        if sft_metrics and step == start_step:
-            row.update(sft_metrics)
-        if step == 0 and evals["start"]:  # the before-RL evaluation is logged at step 0
-            row.update(evals["start"])
+        if step == start_step:  # SFT metrics; at step 0 also the before-RL evaluation
+            row.update({**sft_metrics, **evals["start"]})
         logger.log(step, row)
-
-    def log_samples(step: int, row: dict) -> None:
-        logger.log_samples(step, producer.samples.pop(step, []))
 
     learner = Learner(
         trainer=trainer, sync=publisher, pipeline_cfg=cfg.pipeline, processes=processes,
@@ -162,8 +154,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
         ckpt.save(trainer.state, step=steps_done)
 
     def evaluate_mid_run(steps_done: int, row: dict) -> None:
-        # the end is evaluated after the pipeline stopped; step 0's row holds the before-RL one
-        if steps_done < total and not (steps_done == 1 and evals["start"]):
+        if steps_done < total and (steps_done > 1 or not evals["start"]):  # row 0 has it
             row.update(evaluator(steps_done, pipeline=pipeline))
 
     def evaluate_end(steps_done: int, row: dict) -> None:
@@ -175,8 +166,8 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
             advice.append(build.planner_report(run_dir))
 
     learner.add_hook(log_row, every=1, at_end=True, on="row")
-    if cfg.pipeline.samples_every:
-        learner.add_hook(log_samples, every=cfg.pipeline.samples_every, on="row")
+    learner.add_hook(lambda s, _: logger.log_samples(s, producer.samples.pop(s, []),
+                                                     every=cfg.pipeline.samples_every), on="row")
     logger.log_config(dataclasses.asdict(cfg))
     evaluator.progress = progress
     learner.add_hook(planner_feedback, every=0, on="row")

@@ -1,5 +1,8 @@
 """Run an experiment: `python launch/run.py [--config configs/<name>.py] [--a.b=c ...] [--resume]`.
 
+`--help` lists every config key with its value and description; `--print-config` prints the
+resolved config. Overrides are `--a.b=c` or `--a.b c`; the config is checked before JAX starts.
+
 With no arguments it runs the default experiment (configs/default.py) on the devices it finds.
 Several processes (TPU pod, GPU cluster, `launch/local_cluster.py`) each run this same command;
 `jax.distributed` starts from the environment or `--dist.coordinator=host:port
@@ -7,7 +10,6 @@ Several processes (TPU pod, GPU cluster, `launch/local_cluster.py`) each run thi
 (no waiting on peers that may be gone), which makes the others fail fast too.
 """
 
-import argparse
 import logging
 import os
 import sys
@@ -19,11 +21,24 @@ DEFAULT = ROOT / "configs" / "default.py"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
-    parser.add_argument("--config", default=str(DEFAULT), help="experiment file (configs/*.py)")
-    parser.add_argument("--resume", action="store_true", help="continue the run's checkpoint")
-    parser.add_argument("--quiet", action="store_true", help="no progress line")
-    args, overrides = parser.parse_known_args(argv)
+    # The config is parsed and validated before JAX (or anything heavy) is imported, so a wrong
+    # flag or value fails at once; jaxrl.config imports no JAX.
+    from jaxrl.config import ConfigError, load_config
+    from jaxrl.config.cli import config_json, help_text, parse_args
+
+    try:
+        args = parse_args(argv)
+        path = args.config or str(DEFAULT)
+        if args.help:
+            print(help_text(load_config(path), args.config or "configs/default.py"))
+            return 0
+        cfg = load_config(path, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}\n(python launch/run.py --help lists every key)", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(config_json(cfg))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -33,13 +48,14 @@ def main(argv: list[str]) -> int:
         from jaxrl.cpu import simulated_device_flags
 
         os.environ["XLA_FLAGS"] = simulated_device_flags()
+    from jaxrl.controller import progress
+
+    progress.set_enabled(not args.quiet)
     import jaxrl.run
-    from jaxrl.config import ConfigError, load_config
 
     try:
-        cfg = load_config(args.config, overrides)
         jaxrl.run.run(cfg, resume=args.resume, progress=not args.quiet)
-    except ConfigError as e:
+    except ConfigError as e:  # checks that need the devices or the data (after JAX started)
         print(f"error: {e}", file=sys.stderr)
         return _leave(2)
     except KeyboardInterrupt:

@@ -36,8 +36,7 @@ def main(argv: list[str]) -> None:
     task = build_task(cfg.data)
     mesh = make_mesh((1, 1), "trainer", jax.devices()[:1])
     t0 = time.perf_counter()
-    params, info = warm_start(cfg.model, cfg.data, mesh=mesh, tokenizer=tokenizer, task=task,
-                              on_log=lambda s, m: print(f"sft step {s}: {m}", flush=True))
+    params, info = warm_start(cfg.model, cfg.data, mesh=mesh, tokenizer=tokenizer, task=task)
     if params is None:
         raise SystemExit("data.sft.steps is 0: nothing to warm-start")
     sft_s = time.perf_counter() - t0

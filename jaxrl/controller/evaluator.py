@@ -17,34 +17,44 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from jaxrl.controller.progress import Progress
 from jaxrl.data.evaluate import eval_metrics
 
 
 class Evaluator:
-    def __init__(self, producer, task, data_cfg, processes, *, seed: int, trace=None):
+    def __init__(self, producer, task, data_cfg, processes, *, seed: int, trace=None,
+                 progress: bool = True):
         self.producer, self.task, self.cfg = producer, task, data_cfg
         self.processes, self.seed, self.trace = processes, seed, trace
+        self.progress = progress  # a progress display (process 0) while evaluating
 
     def __call__(self, step: int, *, pipeline=None) -> dict[str, float]:
         records = self.task.eval_records(self.cfg.eval_size)
         start, stop = self.processes.eval_share(len(records))
         mine = records[start:stop]
+        bar = Progress(f"eval@{step}", len(mine) * (self.cfg.pass_k + 1), unit="sample",
+                       enabled=self.progress and self.processes.leader, min_interval=10.0)
+
+        def evaluate() -> dict:
+            return self.producer.evaluate(mine, pass_k=self.cfg.pass_k,
+                                          temperature=self.cfg.eval_temperature,
+                                          seed=self.seed + step, index_offset=start,
+                                          on_sample=bar.update)
 
         def run(weights) -> dict:
             self.producer.install(weights)
-            return self.producer.evaluate(mine, pass_k=self.cfg.pass_k,
-                                          temperature=self.cfg.eval_temperature,
-                                          seed=self.seed + step, index_offset=start)
+            return evaluate()
 
         metrics = {}
-        if mine:
-            if pipeline is not None:
-                metrics = pipeline.call_on_generator(run)
-            else:
-                with self.trace.span("trainer", "evaluate", step=step):
-                    metrics = self.producer.evaluate(
-                        mine, pass_k=self.cfg.pass_k, temperature=self.cfg.eval_temperature,
-                        seed=self.seed + step, index_offset=start)
+        try:
+            if mine:
+                if pipeline is not None:
+                    metrics = pipeline.call_on_generator(run)
+                else:
+                    with self.trace.span("trainer", "evaluate", step=step):
+                        metrics = evaluate()
+        finally:
+            bar.close()
         return self.processes.combine_evals(len(mine), metrics)
 
 

@@ -1,8 +1,11 @@
-"""Run metrics: `metrics.jsonl` (one object per step), TensorBoard, a live progress line, a summary.
+"""Run metrics: `metrics.jsonl` (one object per step), TensorBoard, the RL progress display, a
+summary; sample completions (`samples.jsonl` + TensorBoard text) and the run config (TensorBoard
+text).
 
 Metric names are stable (docs/metrics.md defines each). Only process 0 writes (`enabled=False`
 elsewhere). Lines are flushed every step, so a crash or Ctrl-C loses nothing already logged;
-on resume the file is appended to and steps continue from the checkpoint.
+on resume the file is appended to and steps continue from the checkpoint. The progress display
+names each step by the number metrics.jsonl gives it (0-based) and counts steps done beside it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from jaxrl.controller.progress import Progress
 
 # The gap metrics every run reports (DESIGN.md). Others (loss/*, is/*, eval/*) come on top.
 REQUIRED = (
@@ -68,10 +73,10 @@ class MetricsLogger:
         self.progress = progress and enabled
         self.stream = stream or sys.stderr
         self.history: list[dict[str, Any]] = []
-        self._start = time.perf_counter()
-        self._first_step: int | None = None
+        self._bar: Progress | None = None
         self._tb = None
         self._file = None
+        self._samples = None
         if enabled:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
@@ -84,8 +89,6 @@ class MetricsLogger:
         row = {"step": int(step), "time": time.time()}
         row.update({k: _plain(v) for k, v in sorted(metrics.items())})
         self.history.append(row)
-        if self._first_step is None:
-            self._first_step = step
         if not self.enabled:
             return row
         self._file.write(json.dumps(row) + "\n")
@@ -95,27 +98,48 @@ class MetricsLogger:
                     self._tb.add_scalar(k.replace("@", "_at_"), v, step)
             self._tb.flush()
         if self.progress:
-            self._progress_line(step, row)
+            self._progress(step, row)
         return row
 
-    def _progress_line(self, step: int, row: dict[str, Any]) -> None:
-        done = step - (self._first_step or 0) + 1
-        elapsed = time.perf_counter() - self._start
-        eta = elapsed / max(done, 1) * max(self.total_steps - step - 1, 0)
+    def _progress(self, step: int, row: dict[str, Any]) -> None:
+        if self._bar is None:  # a resumed run starts its count at the checkpoint
+            self._bar = Progress("RL", self.total_steps, initial=step, stream=self.stream)
+        fields = {"step": step}
+        for key, label in (("reward/mean", "reward"), ("loss/total", "loss"),
+                           ("eval/pass@1", "pass@1"),
+                           ("pipeline/rollouts_per_s_produced", "prod/s"),
+                           ("pipeline/rollouts_per_s_consumed", "cons/s"),
+                           ("pipeline/trainer_idle_frac", "idle T"),
+                           ("pipeline/generator_idle_frac", "idle G"),
+                           ("staleness/max", "stale")):
+            if isinstance(row.get(key), (int, float)):
+                fields[label] = round(float(row[key]), 4)
+        self._bar.update(step + 1 - self._bar.done, **fields)
 
-        def f(key, fmt="{:.2f}"):
-            v = row.get(key)
-            return fmt.format(v) if isinstance(v, (int, float)) else "-"
+    def log_config(self, config: dict[str, Any]) -> None:
+        """The run config as TensorBoard text (tag `config`)."""
+        if self._tb is not None:
+            text = json.dumps(config, indent=2, default=str)
+            self._tb.add_text("config", "```\n" + text + "\n```", 0)
+            self._tb.flush()
 
-        line = (
-            f"step {step + 1}/{self.total_steps} | reward {f('reward/mean')} "
-            f"| loss {f('loss/total', '{:.4f}')} "
-            f"| prod {f('pipeline/rollouts_per_s_produced')}/s "
-            f"cons {f('pipeline/rollouts_per_s_consumed')}/s "
-            f"| idle T {f('pipeline/trainer_idle_frac')} G {f('pipeline/generator_idle_frac')} "
-            f"| stale {f('staleness/max', '{:.0f}')} | ETA {eta:.0f}s"
-        )
-        print(line, file=self.stream, flush=True)
+    def log_samples(self, step: int, samples: list[dict[str, Any]], *, every: int = 1) -> None:
+        """(prompt, completion, reward) samples of a step: `samples.jsonl` and TensorBoard text;
+        only for steps s with (s + 1) % every == 0 (`every=0`: never)."""
+        if not self.enabled or not samples or every <= 0 or (step + 1) % every:
+            return
+        if self._samples is None:
+            self._samples = open(self.run_dir / "samples.jsonl", "a", buffering=1)
+        for s in samples:
+            self._samples.write(json.dumps({"step": int(step), **{k: _plain(v) for k, v in
+                                                                   s.items()}}) + "\n")
+        if self._tb is not None:
+            parts = []
+            for i, s in enumerate(samples):
+                parts.append(f"**sample {i}** (reward {float(s['reward']):.3g})\n\n"
+                             f"```\n{s['prompt']}\n```\n\n```\n{s['completion']}\n```")
+            self._tb.add_text("samples", "\n\n---\n\n".join(parts), step)
+            self._tb.flush()
 
     def summary(self) -> str:
         """An end-of-run table: first, last and mean of the headline metrics."""
@@ -124,6 +148,14 @@ class MetricsLogger:
             values = [h[key] for h in self.history if isinstance(h.get(key), (int, float))]
             if values:
                 rows.append((label, values[0], values[-1], float(np.mean(values))))
+        if not self.history:  # nothing ran here: say what the run directory holds
+            logged = read_metrics(self.run_dir)
+            if logged and logged[-1]["step"] >= self.total_steps - 1:
+                return (f"run {self.run_dir.name} is complete at step {logged[-1]['step']} "
+                        f"({self.total_steps} steps); nothing to do")
+            if logged:
+                return f"nothing ran; {self.run_dir.name} has steps up to {logged[-1]['step']}"
+            return "no metrics were logged"
         if not rows:
             return "no metrics were logged"
         width = max(len(r[0]) for r in rows)
@@ -132,6 +164,12 @@ class MetricsLogger:
         return "\n".join(out)
 
     def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._samples is not None:
+            self._samples.close()
+            self._samples = None
         if self._file is not None:
             self._file.close()
             self._file = None

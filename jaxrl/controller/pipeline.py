@@ -56,6 +56,8 @@ class Produced:
     busy_s: float  # generator time spent producing it (excludes waiting for weights)
     min_version: int
     metrics: dict = dataclasses.field(default_factory=dict)  # the generator side's statistics
+    # a few (prompt, completion, reward) dicts of the batch, for samples.jsonl / TensorBoard text
+    samples: list = dataclasses.field(default_factory=list)
 
 
 class PipelineStopped(RuntimeError):
