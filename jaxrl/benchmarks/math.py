@@ -1,10 +1,13 @@
 """Math answer checkers on one hand-labelled set: `python launch/bench.py math [--timeout-s T]`.
 
 Scores every row of `math_answer_set.ANSWER_SET` with each backend of `math_answer.math_score`
-("sympy", the hand-written checker, and "math_verify", Hugging Face's `math-verify`, when it is
-installed), each call in a killable worker with the same deadline (a timeout or crash counts as a
-0 score, as in training). Prints accuracy (overall, per kind, false positives on the hostile rows),
-mean and p99 time per check measured inside the worker, and the rows each backend gets wrong.
+("sympy", the hand-written checker; "math_verify", Hugging Face's `math-verify`, and "auto",
+the first with the second for answers outside its grammar, when math-verify is installed), each
+call in a killable worker with the same deadline (a timeout or crash counts as a 0 score, as in
+training). `--set held_out` uses the rows written after the hand-written checker was frozen.
+Prints accuracy (overall, per kind), false positives (a wrong answer scored 1; how many of them on
+the hostile rows), time per check measured inside the worker (mean, p99), and the rows each
+backend gets wrong.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import argparse
 import collections
 import time
 
-from jaxrl.benchmarks.math_answer_set import ANSWER_SET
+from jaxrl.benchmarks.math_answer_set import ANSWER_SET, HELD_OUT
 from jaxrl.rewards import math_answer as ma
 from jaxrl.rewards.workers import KillableWorkers
 
@@ -24,15 +27,15 @@ def _timed(completion: str, gold: str, backend: str) -> tuple[float, float]:
     return score, time.perf_counter() - t
 
 
-def run_backend(backend: str, timeout_s: float, workers: KillableWorkers) -> dict:
-    args = [(c, g, backend) for c, g, _, _ in ANSWER_SET]
+def run_backend(backend: str, rows: list, timeout_s: float, workers: KillableWorkers) -> dict:
+    args = [(c, g, backend) for c, g, _, _ in rows]
     workers.map(_timed, args[:3], timeout_s=60)  # warm: imports and first-use caches
     t0 = time.perf_counter()
     outs = workers.map(_timed, args, timeout_s=timeout_s)
     wall = time.perf_counter() - t0
     right, per_kind, wrong, times, failed = 0, collections.Counter(), [], [], 0
-    totals = collections.Counter(k for *_, k in ANSWER_SET)
-    for (c, g, expected, kind), out in zip(ANSWER_SET, outs, strict=True):
+    totals = collections.Counter(k for *_, k in rows)
+    for (c, g, expected, kind), out in zip(rows, outs, strict=True):
         if isinstance(out, Exception):
             failed += 1
             verdict, times = False, times + [timeout_s]
@@ -47,7 +50,8 @@ def run_backend(backend: str, timeout_s: float, workers: KillableWorkers) -> dic
     times.sort()
     return dict(
         backend=backend,
-        accuracy=right / len(ANSWER_SET),
+        accuracy=right / len(rows),
+        false_positives=sum(1 for w in wrong if not w[1]),
         per_kind={k: f"{per_kind[k]}/{n}" for k, n in totals.items()},
         hostile_false_positives=sum(1 for w in wrong if w[0] == "hostile" and not w[1]),
         failed=failed,
@@ -61,21 +65,32 @@ def run_backend(backend: str, timeout_s: float, workers: KillableWorkers) -> dic
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.py math", description=__doc__)
     p.add_argument("--timeout-s", type=float, default=5.0, help="deadline per check")
+    p.add_argument(
+        "--set",
+        choices=("tuned", "held_out"),
+        default="tuned",
+        help="tuned: ANSWER_SET (the hand-written checker was corrected against it); "
+        "held_out: HELD_OUT (written after it was frozen)",
+    )
     args = p.parse_args(argv)
     backends = ["sympy"]
     try:
         import math_verify  # noqa: F401
 
-        backends.append("math_verify")
+        backends += ["math_verify", "auto"]
     except ImportError:
         print("math-verify is not installed: only the hand-written backend is measured")
-    print(f"{len(ANSWER_SET)} hand-labelled rows, deadline {args.timeout_s:g} s per check")
+    rows = ANSWER_SET if args.set == "tuned" else HELD_OUT
+    print(
+        f"set {args.set}: {len(rows)} hand-labelled rows, deadline {args.timeout_s:g} s per check"
+    )
     with KillableWorkers(1, preload=("sympy",)) as workers:
         for backend in backends:
-            r = run_backend(backend, args.timeout_s, workers)
+            r = run_backend(backend, rows, args.timeout_s, workers)
             print(
-                f"\n{backend}: accuracy {r['accuracy']:.3f}, hostile false positives "
-                f"{r['hostile_false_positives']}, timeouts/crashes {r['failed']}, "
+                f"\n{backend}: accuracy {r['accuracy']:.3f}, false positives {r['false_positives']}"
+                f" "
+                f"({r['hostile_false_positives']} hostile), timeouts/crashes {r['failed']}, "
                 f"{r['mean_ms']:.1f} ms/check mean, p99 {r['p99_ms']:.1f} ms, "
                 f"wall {r['wall_s']:.1f} s"
             )

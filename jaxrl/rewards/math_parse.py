@@ -32,7 +32,11 @@ MAX_SYMBOLIC_EXPONENT = 64  # (x+1)^64 is kept; larger integer powers of a symbo
 
 
 class Unparsable(ValueError):
-    """The answer is outside the grammar or the size limits (it is then compared as a string)."""
+    """The answer is outside the grammar (it is then compared as a string)."""
+
+
+class Refused(Unparsable):
+    """The answer is inside the grammar but past a limit, or infinite/undefined: never equal."""
 
 
 # --- the parser ----------------------------------------------------------------------------------
@@ -132,7 +136,7 @@ class _Parser:
     def enter(self):
         self.depth += 1
         if self.depth > MAX_DEPTH:
-            raise Unparsable(f"nested deeper than {MAX_DEPTH}")
+            raise Refused(f"nested deeper than {MAX_DEPTH}")
 
     # grammar: list := union (',' union)* ; union := eq (\cup eq)* ; eq := expr ('=' expr)?
     def parse_list(self, closers: tuple[str, ...]):
@@ -318,7 +322,7 @@ class _Parser:
             if index is None:
                 return sp.sqrt(arg)
             if not (index.is_Integer and 2 <= index <= MAX_ROOT_INDEX):
-                raise Unparsable(f"root index must be an integer in 2..{MAX_ROOT_INDEX}")
+                raise Refused(f"root index must be an integer in 2..{MAX_ROOT_INDEX}")
             return sp.real_root(arg, index) if index % 2 else sp.root(arg, index)
         if cmd == r"\pi":
             return sp.pi
@@ -376,7 +380,7 @@ class _Parser:
 
     def _factorial(self, value):
         if not (getattr(value, "is_Integer", False) and 0 <= value <= 1000):
-            raise Unparsable("factorial of something other than an integer in 0..1000")
+            raise Refused("factorial of something other than an integer in 0..1000")
         return self.sp.factorial(value)
 
     def _pow(self, base, exp):
@@ -387,9 +391,9 @@ class _Parser:
                 if base not in (0, 1, -1):
                     size = mag * max(abs(_log10(base, sp)), 1e-3)
                     if size > MAX_DIGITS or mag > 10 * MAX_DIGITS:
-                        raise Unparsable("power too large")
+                        raise Refused("power too large")
             elif mag > MAX_SYMBOLIC_EXPONENT:
-                raise Unparsable("symbolic power too large")
+                raise Refused("symbolic power too large")
         return base**exp
 
 
@@ -424,5 +428,5 @@ def parse_answer(s: str) -> Parsed:
     items = parser.parse_list(("",))
     value = items[0] if len(items) == 1 else Bag(tuple(items))
     if value not in (sympy.oo, -sympy.oo) and not _finite(value, sympy):
-        raise Unparsable("infinite, undefined or NaN value")
+        raise Refused("infinite, undefined or NaN value")
     return Parsed(value, parser.inexact)

@@ -412,7 +412,7 @@ def math_answer(
 ) -> float:
     """1.0 if the final answer (last \\boxed{}, else `#### N`, else last number) equals `answer`.
 
-    Options (see `math_answer.py`): backend ("sympy" | "math_verify" | "auto"), units ("strip" |
+    Options (see `math_answer.py`): backend ("auto" | "sympy" | "math_verify"), units ("strip" |
     "keep"), percent ("strip" | "value" | "keep"), rel_tol (decimals), max_answer_chars. Runs in a
     killable worker (deadline `timeout_s`); a timeout raises `RewardTimeout`.
     """
