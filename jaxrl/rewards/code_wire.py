@@ -3,7 +3,9 @@
 JSON of None, bool, int, float and str as themselves, and tagged lists for the rest:
 ["l"|"t"|"s"|"f", [...]] list/tuple/set/frozenset, ["d"|"C"|"O", [k, v, ...]] dict/Counter/
 OrderedDict, ["Q", [...]] deque, ["b", hex] bytes, ["c", [re, im]] complex. A subclass of one of
-these is sent as its base type's value; anything else is not data. Nesting is at most 100 deep.
+these is sent as its base type's value; ["r", [start, stop, step]] is a range and ["i", [...]] an
+iterator (a generator, `map`, ... is consumed, at most 10**6 items, and arrives as an iterator
+over them). Anything else is not data. Nesting is at most 100 deep.
 The same source runs in the judge and in the candidate's process (as text; `sys` must be bound),
 and here on the trusted side, which encodes the expected values of function-call cases.
 """
@@ -15,6 +17,7 @@ from typing import Any
 
 CODEC_SRC = r'''
 _MAX_DEPTH = 100
+_MAX_ITEMS = 1000000
 _BASES = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
 
 
@@ -55,6 +58,15 @@ def _enc(v, d=0):
         return ["b", v.hex()]
     if t is complex:
         return ["c", [v.real, v.imag]]
+    if t is range:
+        return ["r", [v.start, v.stop, v.step]]
+    if hasattr(t, "__next__") and hasattr(t, "__iter__"):  # a generator, map, zip, ...: its items
+        items = []
+        for x in v:
+            if len(items) >= _MAX_ITEMS:
+                raise ValueError("an iterator of more than %d items" % _MAX_ITEMS)
+            items.append(x)
+        return ["i", [_enc(x, d + 1) for x in items]]
     raise TypeError("a value of type %s is not plain data" % t.__name__)
 
 
@@ -71,6 +83,8 @@ def _dec(v, d=0):
         raise ValueError("malformed wire value")
     if tag == "c" and len(p) == 2 and all(type(x) in (int, float) for x in p):
         return complex(p[0], p[1])
+    if tag == "r" and len(p) == 3 and all(type(x) is int for x in p) and p[2]:
+        return range(p[0], p[1], p[2])
     items = [_dec(x, d + 1) for x in p]
     if tag == "l":
         return items
@@ -80,6 +94,8 @@ def _dec(v, d=0):
         return set(items)
     if tag == "f":
         return frozenset(items)
+    if tag == "i":  # an iterator over the items: `list(it)` works, `it == [...]` is False
+        return iter(items)
     if tag in ("C", "O", "Q"):
         import collections
     if tag == "Q":

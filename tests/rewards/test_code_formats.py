@@ -146,3 +146,12 @@ def test_per_item_reward_takes_the_datasets_own_fields(pool):
     row = MBPP[0]
     assert fn("p", row["code"], test_list=row["test_list"], test_setup_code="",
               test_imports=[], pool=pool, mode="all") == 1.0
+
+
+def test_iterators_and_ranges_keep_python_semantics(pool):
+    code = ("def evens(n):\n    return (i for i in range(n) if i % 2 == 0)\n"
+            "def rng(n):\n    return range(0, n, 2)\n")
+    tests = ["assert list(evens(7)) == [0, 2, 4, 6]", "assert evens(3) != [0, 2]",
+             "assert rng(5) == range(0, 5, 2)",
+             "assert sorted(evens(5), reverse=True) == [4, 2, 0]"]
+    assert code_tests_batch([{"completion": code, "tests": tests}], pool=pool) == [1.0]
