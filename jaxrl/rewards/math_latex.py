@@ -87,6 +87,7 @@ _UNIT = (
 _UNITS_TAIL_RE = re.compile(rf"(?<=[\d}})\].])\s*(?:{_UNIT}\s*)+$", re.IGNORECASE)
 _ONE_LETTER_UNITS_TAIL_RE = re.compile(r"(?<=[\d}])\s+(?:m|g|s|h|l)(?:\^\{?[23]\}?)?$")
 _MIXED_RE = re.compile(r"^(-?)(\d+)\\frac\{?(\d+)\}?\{?(\d+)\}?$")
+_SPACE_RE = re.compile(r"(\\[A-Za-z]+)?\s+(?=([A-Za-z])?)")
 _WORD_SEP_RE = re.compile(r"\s+(?:or|and)\s+|\s*;\s*")
 _LHS_RE = re.compile(r"^\s*(?:[A-Za-z](?:_\{?\w+\}?)?|\\[a-z]+)\s*(?:=|\\in)\s*(?!=)")
 
@@ -119,6 +120,9 @@ def normalize(ans: str, *, units: str = "strip", percent: str = "strip") -> str:
         s = s[m.end() :]
     if _THOUSANDS_RE.match(s.replace(" ", "")):
         s = s.replace(",", "")
-    s = s.replace(" ", "")
+    # Spaces go, except one that ends a command before a letter: "\\pi r" is not "\\pir".
+    s = _SPACE_RE.sub(
+        lambda m: m.group(1) + " " if m.group(1) and m.group(2) else m.group(1) or "", s
+    )
     # A whole answer "3\frac{1}{2}" is the mixed number 7/2 (elsewhere juxtaposition multiplies).
     return _MIXED_RE.sub(r"\1(\2+\\frac{\3}{\4})", s)

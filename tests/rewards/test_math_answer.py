@@ -91,6 +91,20 @@ def test_options(pred, gold, options, same):
     assert ma.answers_equivalent(pred, gold, **options) is same
 
 
+@pytest.mark.parametrize(
+    "pred, gold, same",
+    [
+        ("2\\pi r", "2r\\pi", True),  # a space ends a command: not "\\pir"
+        ("\\pi r^2", "\\pi \\cdot r^{2}", True),
+        ("\\sin x", "\\sin(x)", True),
+        ("\\cos x", "\\sin(x)", False),
+        ("\\ln e", "1", True),
+    ],
+)
+def test_space_after_a_command(pred, gold, same):
+    assert ma.answers_equivalent(pred, gold) is same
+
+
 def test_exact_values_are_compared_exactly():
     assert ma.answers_equivalent("\\frac{1}{3}", "0.3333333") is True  # a decimal: rel_tol 1e-6
     assert ma.answers_equivalent("\\frac{1}{3}", "\\frac{333333}{1000000}") is False  # exact
