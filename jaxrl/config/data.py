@@ -20,7 +20,7 @@ Split = Literal["train", "eval"]
 SPLITS: tuple[str, ...] = ("train", "eval")
 
 
-BUILTIN_TASKS: tuple[str, ...] = ("arith", "gsm8k_jsonl", "pysynth")
+BUILTIN_TASKS: tuple[str, ...] = ("arith", "gsm8k_jsonl", "pysynth", "records")
 
 
 def task_names() -> list[str]:
@@ -99,6 +99,17 @@ class DataConfig:
     skip_bad_records: bool = False
     prompt_format: PromptFormat = "auto"
     system_prompt: str = ""
+    # task "records": any JSONL / Parquet files (paths) or a Hugging Face `datasets` dataset
+    # (hf_dataset: a directory saved with save_to_disk, or a Hub id; hf_split), mapped by field
+    # names; the prompt is `prompt_template` formatted with the record's fields, else its
+    # `prompt_field`; `reward`: comma-separated registered rewards, weight 1 each
+    hf_dataset: str = ""
+    hf_split: str = "train"
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    tests_field: str = "tests"
+    prompt_template: str = ""
+    reward: str = "math_answer"
     max_new_tokens: int = 24
     # procedural tasks
     difficulty: int = 1
@@ -150,6 +161,10 @@ class DataConfig:
             v = getattr(self, name)
             if v is not None:
                 _check("data", name, lo <= v <= hi, v, f"None (from difficulty) or in {lo}..{hi}")
+        if self.task == "records" and not (self.paths or self.hf_dataset):
+            raise DataConfigError("data.task='records' reads data.paths (JSONL / Parquet) or "
+                                  "data.hf_dataset (a saved `datasets` directory or a Hub id); "
+                                  "set one")
         if self.skip_solved or self.skip_unsolved:
             _check("data", "solve_rate_min_samples", self.solve_rate_min_samples >= 1,
                    self.solve_rate_min_samples, ">= 1")

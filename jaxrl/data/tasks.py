@@ -282,3 +282,47 @@ def _gsm8k_task(cfg: DataConfig) -> Task:
 
     return Task("gsm8k_jsonl", make_source, demo, chat, rewards={"math_answer": 1.0},
                 system_prompt=cfg.system_prompt, eval_size=cfg.eval_size)
+
+
+# --- records (any files / datasets, mapped by field names; jaxrl/data/records.py) ---------------
+
+
+def records_task(cfg: DataConfig, *, train: Sequence[Mapping] | None = None,
+                 eval: Sequence[Mapping] | None = None, name: str = "records",
+                 rewards: Mapping[str, float] | None = None):
+    """A `Task` over mapped records: from `train` / `eval` lists when given, else from the
+    config's files or `datasets` dataset. Without eval records the last `eval_size` train
+    records are held out."""
+    from jaxrl.data.records import _hf_records, field_mapper, in_memory
+
+    mapper = field_mapper(cfg)
+
+    @functools.cache
+    def splits() -> tuple[RecordSource, RecordSource]:
+        if train is not None:
+            tr = in_memory(train, f"{name}-train", mapper)
+            ev = in_memory(eval, f"{name}-eval", mapper) if eval else None
+        elif cfg.hf_dataset:
+            tr = RecordSource(_hf_records(cfg, cfg.hf_split), transform=mapper,
+                              skip_bad_records=cfg.skip_bad_records, name=cfg.hf_dataset)
+            ev = None
+        else:
+            tr = load_records(cfg.paths, transform=mapper, skip_bad_records=cfg.skip_bad_records,
+                              name=f"{name}-train")
+            ev = (load_records(cfg.eval_paths, transform=mapper, name=f"{name}-eval")
+                  if cfg.eval_paths else None)
+        return (tr, ev) if ev is not None else tr.split_tail(cfg.eval_size)
+
+    def demonstration(record, chat: bool) -> str:
+        return str(record.get("completion", record.get("answer", "")))
+
+    weights = dict(rewards) if rewards else {n.strip(): 1.0 for n in cfg.reward.split(",")
+                                             if n.strip()}
+    return Task(name, lambda split: splits()[SPLITS.index(split)], demonstration,
+                lambda r: r["prompt"], rewards=weights, system_prompt=cfg.system_prompt,
+                eval_size=cfg.eval_size)
+
+
+@register_task("records")
+def _records_task(cfg: DataConfig) -> Task:
+    return records_task(cfg)
