@@ -1,0 +1,49 @@
+"""The `records` task: any JSONL / Parquet records mapped to prompts by field names."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from jaxrl.config import ConfigError, DataConfig
+from jaxrl.data.sources import RecordError
+from jaxrl.data.tasks import build_task
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_fields_and_template_map_records(tmp_path):
+    rows = [{"question": f"What is {i}+1?", "final": i + 1, "id": i} for i in range(6)]
+    cfg = DataConfig(task="records", paths=(_jsonl(tmp_path / "t.jsonl", rows),), eval_size=2,
+                     prompt_template="Q: {question}\nA:", answer_field="final")
+    task = build_task(cfg)
+    train, held = task.source("train"), task.eval_records()
+    assert len(train) == 4 and [r["id"] for r in held] == [4, 5]
+    assert train[0]["prompt"] == "Q: What is 0+1?\nA:" and train[0]["answer"] == "1"
+    assert task.demonstration(train[0], False) == "1" and dict(task.rewards) == {
+        "math_answer": 1.0}
+
+
+def test_parquet_and_prompt_field(tmp_path):
+    pq.write_table(pa.table({"text": ["a", "b", "c"], "answer": ["1", "2", "3"]}),
+                   tmp_path / "t.parquet")
+    cfg = DataConfig(task="records", paths=(str(tmp_path / "t.parquet"),), eval_size=1,
+                     prompt_field="text", reward="math_answer,format")
+    task = build_task(cfg)
+    assert [r["prompt"] for r in task.source("train")] == ["a", "b"]
+    assert dict(task.rewards) == {"math_answer": 1.0, "format": 1.0}
+
+
+def test_bad_records_and_settings_name_the_fix(tmp_path):
+    path = _jsonl(tmp_path / "t.jsonl", [{"q": "x"}, {"q": "y"}])
+    with pytest.raises(RecordError, match=r"no field data.prompt_field='prompt' .*'q'"):
+        build_task(DataConfig(task="records", paths=(path,), eval_size=1)).source("train")
+    with pytest.raises(RecordError, match=r"prompt_template='\{question\}' needs a field"):
+        build_task(DataConfig(task="records", paths=(path,), eval_size=1,
+                              prompt_template="{question}")).source("train")
+    with pytest.raises(ConfigError, match="reads data.paths .* or data.hf_dataset"):
+        DataConfig(task="records")
