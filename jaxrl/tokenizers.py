@@ -135,8 +135,37 @@ class HFTokenizer:
         return self.encode(text) if tokenize else text
 
 
-def load_tokenizer(path: str | Path | None) -> Tokenizer:
-    """`None` or `"char"` gives the CharTokenizer; otherwise a local HF tokenizer directory."""
-    if path is None or str(path) == "char":
+def load_tokenizer(path: str | Path | None, init: str | Path | None = None) -> Tokenizer:
+    """The tokenizer a setting names.
+
+    `None` or `"char"`: the CharTokenizer. `"auto"`: the tokenizer of the model `init` (its
+    `tokenizer.json`), or the CharTokenizer when there is no `init`. Otherwise a local tokenizer
+    directory (or `tokenizer.json` file) or a Hugging Face Hub id, resolved through the local
+    Hugging Face cache (`jaxrl.models.hub.resolve`). A bad value raises `ConfigError`.
+    """
+    from jaxrl.config import ConfigError
+
+    text = "char" if path is None else str(path)
+    if text == "char":
         return CharTokenizer()
-    return HFTokenizer(path)
+    if text == "auto":
+        if init is None:
+            return CharTokenizer()
+        from jaxrl.models.hub import resolve
+
+        model_dir = resolve(init, what="init")
+        if not (model_dir / "tokenizer.json").is_file():
+            raise ConfigError(
+                f"tokenizer='auto' uses the model's own tokenizer, but init={str(init)!r} has no "
+                f"tokenizer.json ({model_dir}); set --tokenizer to a tokenizer directory or Hub "
+                "id, or --tokenizer=char for jaxrl's character tokenizer")
+        return HFTokenizer(model_dir)
+    if not Path(text).expanduser().exists():
+        from jaxrl.models.hub import resolve
+
+        return HFTokenizer(resolve(text, what="tokenizer", need="tokenizer.json"))
+    try:
+        return HFTokenizer(Path(text).expanduser())
+    except FileNotFoundError as e:
+        raise ConfigError(f"tokenizer={text!r}: {e}; valid: 'auto', 'char', a directory with "
+                          "tokenizer.json, or a Hugging Face Hub id") from None

@@ -1,7 +1,11 @@
 """Quick look at a checkpoint: `python -m jaxrl.generate --model PATH --prompt "..."`.
 
-The tokenizer is the checkpoint's own (`tokenizer.json` in PATH) unless `--tokenizer` names another
-directory or `char` (jaxrl's character tokenizer). Its EOS id stops generation.
+PATH is a Hugging Face model directory, a Hub id (`org/name`, from the local Hugging Face cache,
+or downloaded when online), or a jaxrl run directory (`runs/<name>`: its latest checkpoint, or
+`--step N`). The tokenizer is the model's own (`tokenizer.json` in PATH; a run's own tokenizer)
+unless `--tokenizer` names another directory, Hub id or `char` (jaxrl's character tokenizer).
+Its EOS id stops generation. `--chat` renders each prompt as a user message with the tokenizer's
+chat template.
 """
 
 from __future__ import annotations
@@ -9,14 +13,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m jaxrl.generate", description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
+    p.add_argument("--model", required=True,
+                   help="Hugging Face model directory, Hub id (org/name) or run directory")
+    p.add_argument("--step", type=int, default=None,
+                   help="with a run directory: its checkpoint step (default: the latest)")
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory or 'char'")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory, Hub id or 'char'")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -29,22 +35,40 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parse(sys.argv[1:] if argv is None else argv)
-    from jaxrl.generate import SamplingParams, sample
+def _load(args):
+    """(tokenizer, model) for `--model` / `--tokenizer` / `--step`."""
+    from jaxrl.controller.export import is_run_dir, load_run
     from jaxrl.models import load_pretrained
+    from jaxrl.models.hub import resolve
     from jaxrl.tokenizers import load_tokenizer
 
-    tok_path = args.tokenizer
-    if tok_path is None:
-        tok_path = args.model if (Path(args.model) / "tokenizer.json").is_file() else "char"
-    tokenizer = load_tokenizer(tok_path)
-    if args.chat:
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}])
-                   for p in args.prompt]
-    else:
-        prompts = [tokenizer.encode(p) for p in args.prompt]
-    cfg, model = load_pretrained(args.model, args.dtype)
+    if is_run_dir(args.model):
+        cfg, _, model, step = load_run(args.model, args.step)
+        if args.dtype != "float32":
+            raise ValueError("--dtype applies to Hugging Face models; a run loads in its own")
+        print(f"--- {args.model}: checkpoint step {step}")
+        tok = args.tokenizer or cfg.tokenizer
+        return load_tokenizer(tok, init=cfg.init), model
+    if args.step is not None:
+        raise ValueError("--step applies to a run directory (runs/<name>)")
+    path = resolve(args.model, what="--model")
+    tok = args.tokenizer or (str(path) if (path / "tokenizer.json").is_file() else "char")
+    tokenizer = load_tokenizer(tok)
+    return tokenizer, load_pretrained(path, args.dtype)[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    from jaxrl.config import ConfigError
+    from jaxrl.generate import SamplingParams, sample
+    from jaxrl.generate.api import encode_prompts
+
+    try:
+        tokenizer, model = _load(args)
+        prompts = encode_prompts(args.prompt, tokenizer, chat=args.chat)
+    except (ConfigError, TypeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                         top_k=args.top_k, top_p=args.top_p, n=args.n, seed=args.seed)
     start = time.perf_counter()

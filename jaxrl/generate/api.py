@@ -28,20 +28,38 @@ def _as_model(model_or_params, mesh: Mesh | None) -> Transformer:
                     f"path, got {type(model_or_params).__name__}")
 
 
-def sample(model_or_params, prompts: Sequence[Sequence[int]], sampling: SamplingParams, *,
-           num_slots: int | None = None, max_len: int | None = None, mesh: Mesh | None = None,
-           eos_ids: Sequence[int] = (), chunk_steps: int = 16) -> list[Completion]:
+def sample(model_or_params, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+           sampling: SamplingParams, *, num_slots: int | None = None, max_len: int | None = None,
+           mesh: Mesh | None = None, eos_ids: Sequence[int] = (), chunk_steps: int = 16,
+           tokenizer=None, chat: bool = False) -> list[Completion]:
     """Sample `sampling.n` completions for each prompt.
 
     `model_or_params` is a `Transformer`, a `(config, Transformer)` pair, a checkpoint path, or a
     `JaxEngine` (reused as is: its compiled functions, slots, cache length and EOS ids).
 
+    `prompts` are token-id lists, or text (one string or a list of strings) encoded with
+    `tokenizer` (`jaxrl.tokenizers`; by default the checkpoint's own when `model_or_params` is a
+    path). With `chat=True` each text prompt is one user message rendered with the tokenizer's
+    chat template, then encoded. With a tokenizer and no `eos_ids`, its EOS id stops generation.
+
     Returns `len(prompts) * n` completions ordered by prompt, then sample index. The KV cache is
     sized to the longest prompt + `max_tokens` (rounded up to a power of two) unless `max_len`
     is given; `num_slots` defaults to the number of samples, at most 64.
     """
-    if isinstance(prompts, str) or not all(isinstance(p, Sequence) for p in prompts):
-        raise TypeError("sample: prompts must be a list of token-id lists (list[list[int]])")
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if any(isinstance(p, str) for p in prompts):
+        if tokenizer is None and isinstance(model_or_params, str | Path):
+            from jaxrl.tokenizers import load_tokenizer
+
+            tokenizer = load_tokenizer(model_or_params)
+        prompts = encode_prompts(prompts, tokenizer, chat=chat)
+        eos_ids = eos_ids or (tokenizer.eos_id,)
+    elif chat:
+        raise TypeError("sample: chat=True takes text prompts (the template renders text)")
+    if not all(isinstance(p, Sequence) and not isinstance(p, str) for p in prompts):
+        raise TypeError("sample: prompts must be text (str, list[str]) or token-id lists "
+                        "(list[list[int]])")
     if not prompts:
         return []
     if isinstance(model_or_params, JaxEngine):  # reuse its compiled functions
@@ -54,6 +72,24 @@ def sample(model_or_params, prompts: Sequence[Sequence[int]], sampling: Sampling
     order = {rid: i for i, rid in enumerate(ids)}
     done = scheduler.run()
     return sorted(done, key=lambda c: (order[c.request_id], c.sample_index))
+
+
+def encode_prompts(prompts: Sequence[str], tokenizer, *, chat: bool = False) -> list[list[int]]:
+    """Token ids of text prompts; with `chat`, each one a user message through the tokenizer's
+    chat template (which renders text, encoded here without adding special tokens again)."""
+    if tokenizer is None:
+        raise TypeError("sample: text prompts need a tokenizer (tokenizer=load_tokenizer(...)), "
+                        "or pass token-id lists")
+    if not all(isinstance(p, str) for p in prompts):
+        raise TypeError("sample: prompts mix text and token ids; pass one kind")
+    if not chat:
+        return [list(tokenizer.encode(p)) for p in prompts]
+    if not hasattr(tokenizer, "apply_chat_template"):
+        raise TypeError(f"sample: chat=True needs a tokenizer with a chat template; "
+                        f"{type(tokenizer).__name__} has none")
+    return [list(tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                               add_generation_prompt=True, tokenize=True))
+            for p in prompts]
 
 
 def _engine_for(model, prompts, sampling, num_slots, max_len, mesh, eos_ids, chunk_steps):

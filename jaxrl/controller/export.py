@@ -1,0 +1,197 @@
+"""A run directory as a model: its config, its latest (or any) checkpoint's policy, and its export
+as a Hugging Face directory (`launch/export.py`, `python -m jaxrl.generate --model runs/<name>`).
+
+A run directory holds `config.json` (the `RunConfig`, `jaxrl.config.to_dict`) and
+`checkpoints/<step>/` (orbax, the whole `TrainState`). Only the policy parameters are read back
+(a partial restore: no optimiser state is loaded), as host arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+import typing
+from pathlib import Path
+
+from jaxrl.config import ConfigError, RunConfig
+
+log = logging.getLogger("jaxrl")
+
+# files of a Hugging Face tokenizer directory that travel with an export
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt",
+                   "added_tokens.json", "tokenizer.model")
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """A jaxrl run directory (its config.json is a RunConfig), not a Hugging Face model."""
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        return False
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except ValueError:
+        return False
+    return isinstance(raw, dict) and {"pipeline", "train", "data", "model"} <= raw.keys()
+
+
+def checkpoint_steps(run_dir: str | Path) -> list[int]:
+    ckpt = Path(run_dir) / "checkpoints"
+    if not ckpt.is_dir():
+        return []
+    return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def check_run_dir(run_dir: str | Path, step: int | None = None) -> int:
+    """The checkpoint step to read (`step`, or the latest); a `ConfigError` naming the problem
+    otherwise. Reads only the file system (no JAX)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: no such run directory (expected runs/<name>)")
+    if not is_run_dir(run_dir):
+        raise ConfigError(f"{run_dir}: not a jaxrl run directory (its config.json is missing or "
+                          "is not a jaxrl run config)")
+    steps = checkpoint_steps(run_dir)
+    if not steps:
+        raise ConfigError(f"{run_dir}: the run has no checkpoint under checkpoints/ yet")
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        raise ConfigError(f"--step {step}: {run_dir} has checkpoints at steps {steps}")
+    return step
+
+
+def _from_dict(cls, raw: dict, where: str):
+    hints = typing.get_type_hints(cls)
+    kw = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue  # a run written before the field existed: its default
+        value, tp = raw[f.name], hints[f.name]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        sub = tp if dataclasses.is_dataclass(tp) else next(
+            (a for a in args if dataclasses.is_dataclass(a)), None)
+        if sub is not None and isinstance(value, dict):
+            value = _from_dict(sub, value, f"{where}{f.name}.")
+        elif isinstance(value, list):
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        kw[f.name] = value
+    unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        log.warning("run config: ignoring keys this jaxrl does not know: %s",
+                    [where + k for k in unknown])
+    return cls(**kw)
+
+
+def run_config(run_dir: str | Path) -> RunConfig:
+    """The `RunConfig` a run directory recorded in its config.json."""
+    raw = json.loads((Path(run_dir) / "config.json").read_text())
+    try:
+        return _from_dict(RunConfig, raw, "")
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{run_dir}/config.json cannot be read back as a run config: {e}") from e
+
+
+def tokenizer_dir(cfg: RunConfig) -> Path | None:
+    """The run's Hugging Face tokenizer directory, or None for the character tokenizer."""
+    from jaxrl.models.hub import resolve
+
+    name = cfg.tokenizer
+    if name == "auto":
+        name = "char" if cfg.init is None else cfg.init
+    if name in (None, "char"):
+        return None
+    path = resolve(name, what="tokenizer", need="tokenizer.json")
+    return path.parent if path.is_file() else path
+
+
+def load_run(run_dir: str | Path, step: int | None = None):
+    """(run config, model config, model, step): the policy at checkpoint `step` (default: the
+    latest), on the default device in the run's master parameter dtype."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    from jaxrl.controller import build
+    from jaxrl.tokenizers import load_tokenizer
+    from jaxrl.train.state import model_graphdef
+
+    step = check_run_dir(run_dir, step)
+    cfg = run_config(run_dir)
+    tokenizer = load_tokenizer(cfg.tokenizer, init=cfg.init)
+    model_cfg = build.model_config(cfg, tokenizer)
+    graphdef, abstract = model_graphdef(model_cfg, cfg.train)
+    abstract_params = nnx.to_pure_dict(abstract)
+    item = {"params": jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), abstract_params)}
+    restore_args = jax.tree.map(lambda a: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    manager = ocp.CheckpointManager(Path(run_dir).absolute() / "checkpoints")
+    try:
+        out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item=item, restore_args=restore_args, partial_restore=True)))
+    finally:
+        manager.close()
+    params = jax.tree.map(np.asarray, out["state"]["params"])
+    # the master dtype the trainer kept (train.param_dtype); remat is a training setting
+    saved = np.dtype(jax.tree.leaves(params)[0].dtype).name
+    model_cfg = dataclasses.replace(model_cfg, param_dtype=saved, remat=False)
+    graphdef, abstract = model_graphdef(model_cfg, cfg.train)
+    state = nnx.to_pure_dict(abstract)
+    jax.tree.map(lambda a, b: _check_shape(a, b, run_dir, step), state, params)
+    nnx.replace_by_pure_dict(abstract, params)
+    return cfg, model_cfg, nnx.merge(graphdef, abstract), step
+
+
+def _check_shape(want, got, run_dir, step) -> None:
+    if tuple(want.shape) != tuple(got.shape):
+        raise ConfigError(f"{run_dir}: checkpoint {step} holds a parameter of shape "
+                          f"{tuple(got.shape)} where the run's model has {tuple(want.shape)}")
+
+
+def generation_config(cfg: RunConfig, tokenizer) -> dict:
+    """`generation_config.json`: the run's EOS/pad ids and its sampling settings."""
+    gen = cfg.generate
+    out = {"eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id,
+           "max_new_tokens": cfg.data.max_new_tokens}
+    bos = getattr(tokenizer, "bos_id", None)
+    if bos is not None:
+        out["bos_token_id"] = bos
+    if gen.temperature > 0:
+        out.update(do_sample=True, temperature=gen.temperature)
+        if gen.top_p < 1.0:
+            out["top_p"] = gen.top_p
+        out["top_k"] = gen.top_k if gen.top_k > 0 else 0
+    else:
+        out["do_sample"] = False
+    return out
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
+               dtype: str | None = None) -> dict:
+    """Write checkpoint `step` (default latest) of `run_dir` as a Hugging Face directory:
+    `model.safetensors` + `config.json` (in `dtype`, default the run's parameter dtype), the
+    tokenizer files (for a Hugging Face tokenizer) and `generation_config.json`. Returns what it
+    wrote: {"step", "dtype", "files", "tokenizer"}."""
+    from jaxrl.models.hf import save_pretrained
+    from jaxrl.tokenizers import load_tokenizer
+
+    out_dir = Path(out_dir)
+    cfg, model_cfg, model, step = load_run(run_dir, step)
+    dtype = dtype or model_cfg.param_dtype
+    save_pretrained(model, model_cfg, out_dir, dtype=dtype)
+    tok_dir = tokenizer_dir(cfg)
+    tokenizer = load_tokenizer(cfg.tokenizer, init=cfg.init)
+    if tok_dir is not None:
+        for name in TOKENIZER_FILES:
+            if (tok_dir / name).is_file():
+                shutil.copyfile(tok_dir / name, out_dir / name)
+        tok_note = f"copied from {tok_dir}"
+    else:
+        tok_note = ("none: the run uses jaxrl's character tokenizer, which has no Hugging Face "
+                    "form; encode with jaxrl.tokenizers.CharTokenizer")
+    (out_dir / "generation_config.json").write_text(
+        json.dumps(generation_config(cfg, tokenizer), indent=2))
+    return {"step": step, "dtype": str(dtype), "tokenizer": tok_note,
+            "files": sorted(p.name for p in out_dir.iterdir())}

@@ -1,0 +1,129 @@
+"""`launch/export.py`: a run's checkpoint as a Hugging Face directory that `transformers` loads,
+with logits equal to jaxrl's; bad arguments answered before JAX is imported."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl.config import GenerateConfig, MeshConfig, RunConfig
+from jaxrl.controller import build
+from jaxrl.presets import tiny_model_config
+from jaxrl.sharding import make_meshes
+from jaxrl.train.checkpoint import Checkpointer
+from jaxrl.train.config import TrainConfig
+from jaxrl.train.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPORT = ROOT / "launch" / "export.py"
+
+
+def _export_main():
+    spec = importlib.util.spec_from_file_location("launch_export", EXPORT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run directory as `jaxrl.run` leaves it (config.json + an orbax checkpoint at step 3),
+    its trained-looking params perturbed away from the seeded init."""
+    tmp = tmp_path_factory.mktemp("export")
+    cfg = RunConfig(name="r", run_dir=str(tmp / "runs"),
+                    model=tiny_model_config(hidden_size=32, intermediate_size=64, num_heads=2,
+                                            num_kv_heads=1, tie_embeddings=False),
+                    mesh=MeshConfig(trainer=(1, 1), generator=(1, 1)),
+                    train=TrainConfig(lr=1e-3),
+                    generate=GenerateConfig(temperature=0.7, top_p=0.9))
+    run_dir = build.prepare_run_dir(cfg, False, leader=True)
+    mesh = make_meshes(cfg.mesh).trainer
+    trainer = Trainer(cfg.model, cfg.train, mesh)
+    noise = jax.tree.map(lambda p: 0.05 * jnp.ones_like(p), trainer.state.params)
+    trainer.replace_state(trainer.state.replace(
+        params=jax.tree.map(jnp.add, trainer.state.params, noise)))
+    ckpt = Checkpointer(run_dir / "checkpoints", every=1, keep=3)
+    ckpt.save(trainer.state, step=3)
+    ckpt.close()
+    params = jax.device_get(trainer.state.params)
+    return dict(cfg=cfg, dir=run_dir, params=params, graphdef=trainer.graphdef)
+
+
+def test_export_loads_in_transformers_with_equal_logits(run, tmp_path, capsys):
+    import torch
+    import transformers
+
+    out = tmp_path / "hf"
+    assert _export_main()([str(run["dir"]), str(out)]) == 0
+    assert "step 3" in capsys.readouterr().out
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["config.json", "generation_config.json", "model.safetensors"], names
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == 1 and gen["pad_token_id"] == 0  # the char tokenizer's
+    assert gen["temperature"] == 0.7 and gen["top_p"] == 0.9 and gen["do_sample"] is True
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out)).float().eval()
+    assert transformers.GenerationConfig.from_pretrained(str(out)).eos_token_id == 1
+
+    model = nnx.merge(run["graphdef"], run["params"])  # the trainer's own params, not the export
+    tokens = np.random.RandomState(0).randint(3, 98, (2, 11))
+    positions = np.broadcast_to(np.arange(11), tokens.shape)
+    ours = np.asarray(model(jnp.asarray(tokens), jnp.asarray(positions),
+                            jnp.ones(tokens.shape, jnp.int32)))
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor(tokens)).logits.numpy()
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() < 1e-4, np.abs(ours - ref).max()
+    assert np.abs(ours).max() > 0.1  # logits that mean something
+
+
+def test_bad_arguments_answered_before_jax(run, tmp_path):
+    """Each bad argument: exit code 2, a message naming it, and JAX never imported."""
+    code = ("import runpy, sys\n"
+            "sys.argv = ['export.py'] + sys.argv[1:]\n"
+            f"try:\n    runpy.run_path({str(EXPORT)!r}, run_name='__main__')\n"
+            "except SystemExit as e:\n    print('rc', e.code, 'jax' in sys.modules)\n"
+            )
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    cases = [
+        ([str(tmp_path / "nope"), str(tmp_path / "o")], "no such run directory"),
+        ([str(tmp_path), str(tmp_path / "o")], "not a jaxrl run directory"),
+        ([str(run["dir"]), str(tmp_path / "o"), "--step", "7"], "checkpoints at steps [3]"),
+        ([str(run["dir"]), str(tmp_path / "full")], "is not empty"),
+    ]
+    for argv, message in cases:
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                              text=True, timeout=60, cwd=ROOT)
+        elapsed = time.perf_counter() - start
+        assert "rc 2 False" in proc.stdout, (argv, proc.stdout, proc.stderr)
+        assert message in proc.stderr, (argv, proc.stderr)
+        assert elapsed < 10, elapsed  # generous: no JAX import (which takes 5-15 s here)
+    assert not (tmp_path / "o").exists()
+
+
+def test_generate_cli_reads_a_run_directory(run, capsys):
+    """`python -m jaxrl.generate --model runs/<name>`: the run's latest checkpoint and its
+    tokenizer (before: its config.json was read as a Hugging Face config and failed)."""
+    from jaxrl.generate.__main__ import main
+
+    assert main(["--model", str(run["dir"]), "--prompt", "1+1=", "--max-tokens", "3",
+                 "--logprobs"]) == 0
+    out = capsys.readouterr().out
+    assert "--- prompt 0 sample 0" in out and "tokens in" in out
+    # greedy continuation equals the trainer params' own greedy tokens
+    from jaxrl.generate import SamplingParams, sample
+    from jaxrl.tokenizers import CharTokenizer
+
+    tok = CharTokenizer()
+    want = sample(nnx.merge(run["graphdef"], run["params"]), [tok.encode("1+1=")],
+                  SamplingParams(max_tokens=3, temperature=0.0), eos_ids=[tok.eos_id])
+    assert f"tokens: {want[0].tokens}" in out
