@@ -47,3 +47,19 @@ def test_bad_records_and_settings_name_the_fix(tmp_path):
                               prompt_template="{question}")).source("train")
     with pytest.raises(ConfigError, match="reads data.paths .* or data.hf_dataset"):
         DataConfig(task="records")
+
+
+def test_a_saved_hugging_face_dataset(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the `datasets` extra is not installed")
+    ds = datasets.DatasetDict({
+        "train": datasets.Dataset.from_list([{"q": f"q{i}", "a": str(i)} for i in range(5)]),
+        "test": datasets.Dataset.from_list([{"q": "t", "a": "9"}])})
+    ds.save_to_disk(str(tmp_path / "saved"))
+    cfg = DataConfig(task="records", hf_dataset=str(tmp_path / "saved"), prompt_field="q",
+                     answer_field="a", eval_size=2)
+    task = build_task(cfg)
+    assert [r["prompt"] for r in task.source("train")] == ["q0", "q1", "q2"]
+    assert [r["answer"] for r in task.eval_records()] == ["3", "4"]
+    with pytest.raises(RecordError, match=r"has splits \['test', 'train'\], not 'dev'"):
+        build_task(DataConfig(task="records", hf_dataset=str(tmp_path / "saved"),
+                              hf_split="dev")).source("train")
