@@ -1,0 +1,129 @@
+"""What would make a memory plan fit: each setting re-planned, with the figure it reaches.
+
+`suggest(plan)` tries, one at a time, the settings a user can change (more micro-batches, a remat
+policy, bf16 reference / parameters / generator weights, fewer slots or a shorter KV cache, more
+devices) and reports those that fit; when none fits alone, each one's figure and all of them
+together. Re-planning uses cached abstract shapes: nothing is compiled or allocated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxrl.train.memory_plan import MemoryPlan, _fmt
+
+
+def _with(cfg, section: str, **kw):
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **kw)})
+
+
+def _line(setting: str, before: MemoryPlan, after: MemoryPlan, what: str = "") -> str:
+    ok = "fits" if after.fits() else "not enough alone"
+    what = f"; {what}" if what else ""
+    return (f"{setting}: need {_fmt(before.need())} -> {_fmt(after.need())} of "
+            f"{_fmt(after.budget_bytes)} ({ok}{what})")
+
+
+def _first_fit(plan: MemoryPlan, candidates) -> tuple[str, MemoryPlan] | None:
+    """The first (setting, plan) that fits, else the last one tried (the furthest it goes)."""
+    last = None
+    for setting, cfg, tshape, gshape in candidates:
+        p = plan.replan(cfg, tshape, gshape)
+        last = (setting, p)
+        if p.fits():
+            return last
+    return last
+
+
+def _trainer(plan: MemoryPlan) -> list[tuple[str, MemoryPlan, str]]:
+    cfg, (fsdp, tp) = plan.cfg, plan.trainer_shape
+    t, out = cfg.train, []
+    rows_dev = cfg.data.prompts_per_step * cfg.data.group_size // max(t.mini_batches, 1) // fsdp
+    micro = [(f"--train.micro_batches={m}", _with(cfg, "train", micro_batches=m),
+              plan.trainer_shape, plan.generator_shape)
+             for m in (t.micro_batches * 2**i for i in range(1, 12)) if m <= max(rows_dev, 1)]
+    act = plan.item("activations").bytes
+    if micro:
+        s, p = _first_fit(plan, micro)
+        out.append((s, p, f"activations {_fmt(act)} -> {_fmt(p.item('activations').bytes)}"))
+    chunks = [(f"--train.logprob_chunk={c}", _with(cfg, "train", logprob_chunk=c),
+               *_shapes(plan)) for c in _halvings(t.logprob_chunk, 8)]
+    if chunks:
+        s, p = _first_fit(plan, chunks)
+        out.append((s, p, f"activations -> {_fmt(p.item('activations').bytes)} (lm-head chunk)"))
+    for remat in ("full", "dots_no_batch"):
+        if t.remat not in ("full", remat):
+            p = plan.replan(_with(cfg, "train", remat=remat), *_shapes(plan))
+            out.append((f"--train.remat={remat}", p,
+                        f"activations -> {_fmt(p.item('activations').bytes)}"))
+    if t.needs_reference and (t.ref_dtype or "float32") == "float32":
+        p = plan.replan(_with(cfg, "train", ref_dtype="bfloat16"), *_shapes(plan))
+        out.append(("--train.ref_dtype=bfloat16", p, "the frozen reference in bf16"))
+    if "float32" in plan.item("parameters").name:
+        p = plan.replan(_with(cfg, "train", param_dtype="bfloat16"), *_shapes(plan))
+        out.append(("--train.param_dtype=bfloat16", p, "bf16 master weights and Adam state"))
+    opt = plan.item("optimizer").bytes + plan.item("gradients").bytes
+    out.append(("LoRA (not in jaxrl yet)", plan, f"would drop most of the optimizer state and "
+                f"gradients ({_fmt(opt)} per trainer device)"))
+    if not plan.shared_host:  # CPU devices share one RAM: more of them add nothing
+        cands = [(f"--mesh.trainer={fsdp * 2**i}x{tp} (more trainer devices)", cfg,
+                  (fsdp * 2**i, tp), plan.generator_shape) for i in range(1, 11)]
+        s, p = _first_fit(plan, cands)
+        out.append((s, p, ""))
+    return out
+
+
+def _generator(plan: MemoryPlan, max_seq_len: int) -> list[tuple[str, MemoryPlan, str]]:
+    cfg, (dp, tp) = plan.cfg, plan.generator_shape
+    g, out = cfg.generate, []
+    slots = [(f"--generate.num_slots={n}", _with(cfg, "generate", num_slots=n),
+              *_shapes(plan)) for n in _halvings(g.num_slots, dp)]
+    if slots:
+        s, p = _first_fit(plan, slots)
+        out.append((s, p, f"KV cache -> {_fmt(p.item('KV cache').bytes)}"))
+    kv_len = g.max_len or 0
+    if kv_len != max_seq_len:
+        p = plan.replan(_with(cfg, "generate", max_len=max_seq_len), *_shapes(plan))
+        out.append((f"--generate.max_len={max_seq_len}", p,
+                    "exactly the longest prompt + completion"))
+    if (g.dtype or cfg.model.param_dtype) == "float32":
+        p = plan.replan(_with(cfg, "generate", dtype="bfloat16"), *_shapes(plan))
+        out.append(("--generate.dtype=bfloat16", p, "generator weights and KV cache in bf16"))
+    if not plan.shared_host:
+        cands = [(f"--mesh.generator={dp * 2**i}x{tp} (more generator devices)", cfg,
+                  plan.trainer_shape, (dp * 2**i, tp)) for i in range(1, 11)]
+        s, p = _first_fit(plan, cands)
+        out.append((s, p, ""))
+    return out
+
+
+def _shapes(plan: MemoryPlan):
+    return plan.trainer_shape, plan.generator_shape
+
+
+def _halvings(n: int, multiple: int) -> list[int]:
+    out = []
+    while n > multiple:
+        n = max(multiple, (n // 2) // multiple * multiple)
+        out.append(n)
+    return out
+
+
+def suggest(plan: MemoryPlan) -> list[str]:
+    """Lines `setting: need before -> after of budget (fits | not enough alone; detail)`."""
+    max_seq_len = plan.max_seq_len
+    tried = _trainer(plan) + _generator(plan, max_seq_len)
+    over = plan.need() - plan.budget_bytes
+    lines = [_line(s, plan, p, w) for s, p, w in tried if p is not plan and p.fits()]
+    # a setting that does not fit alone is listed when it closes >= 10% of the gap
+    rest = [_line(s, plan, p, w) for s, p, w in tried
+            if p is not plan and not p.fits() and plan.need() - p.need() >= over / 10]
+    rest += [f"{s}: {w}" for s, p, w in tried if p is plan]
+    if not lines:
+        cfg = plan.cfg
+        best = plan.replan(_with(_with(cfg, "train", remat="full", ref_dtype="bfloat16"),
+                                 "generate", dtype="bfloat16", max_len=max_seq_len),
+                           *_shapes(plan))
+        rest.append(_line("remat full + bf16 reference and generator + exact max_len together",
+                          plan, best))
+    return lines + rest
