@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from jaxrl.config import ConfigError, load_config
-from jaxrl.train.memory_plan import GiB
+from jaxrl.train.memory_step import GiB
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,12 @@ together. Re-planning uses cached abstract shapes: nothing is compiled or alloca
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-from jaxrl.train.memory_plan import MemoryPlan, _fmt
+from jaxrl.train.memory_step import fmt_bytes as _fmt
+
+if TYPE_CHECKING:  # memory_plan imports this module
+    from jaxrl.train.memory_plan import MemoryPlan
 
 
 def _with(cfg, section: str, **kw):

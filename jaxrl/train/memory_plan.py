@@ -25,7 +25,8 @@ import math
 from jaxrl.config import ConfigError, ModelConfig, RunConfig, TrainConfig
 from jaxrl.rounding import next_power_of_two, round_up
 from jaxrl.train.memory_step import BYTES as _BYTES
-from jaxrl.train.memory_step import GiB, MiB, train_step_activations
+from jaxrl.train.memory_step import fmt_bytes as _fmt
+from jaxrl.train.memory_step import train_step_activations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,10 +102,6 @@ class MemoryPlan:
         raise ConfigError("the run does not fit in device memory:\n" + self.format()
                           + "\nsettings that would make it fit:\n"
                           + "\n".join(f"  - {h}" for h in hints))
-
-
-def _fmt(n: float) -> str:
-    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB else f"{n / MiB:.1f} MiB"
 
 
 def host_available_bytes() -> int:

@@ -14,6 +14,10 @@ GiB, MiB = 2**30, 2**20
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+def fmt_bytes(n: float) -> str:
+    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB else f"{n / MiB:.1f} MiB"
+
+
 def _split(n: int, ways: int) -> int:
     return n // ways if n % ways == 0 else n  # the table replicates a dim that does not divide
 

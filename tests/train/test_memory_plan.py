@@ -16,8 +16,9 @@ from jaxrl.config import (
     TrainConfig,
     load_config,
 )
-from jaxrl.train.memory_plan import GiB, MiB, _fmt, plan_memory
-from jaxrl.train.memory_step import compile_train_step
+from jaxrl.train.memory_plan import plan_memory
+from jaxrl.train.memory_step import GiB, MiB, compile_train_step
+from jaxrl.train.memory_step import fmt_bytes as _fmt
 
 # E 64, F 128, 2 layers, 4 heads x D 16, 2 kv heads, V 128, tied, no biases
 SMALL = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
