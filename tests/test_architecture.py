@@ -109,7 +109,7 @@ def test_data_is_a_leaf():
     """`jaxrl.data` builds on the config and on the reward functions its tasks name (neither
     imports anything above it); never on models, training, generation or the controller."""
     graph = _graph()
-    below = ("jaxrl.data", "jaxrl.config", "jaxrl.rewards")
+    below = ("jaxrl.data", "jaxrl.config", "jaxrl.rewards", "jaxrl.presets")
     for name, deps in graph.items():
         if name == "jaxrl.data" or name.startswith("jaxrl.data."):
             outside = sorted(d for d in deps if not d.startswith(below) and d != "jaxrl")
@@ -147,3 +147,24 @@ def test_run_is_a_short_script_and_modules_stay_small():
     big = {str(p.relative_to(ROOT)): n for p in list(PKG.rglob("*.py")) + list(
         (ROOT / "kernels").rglob("*.py")) if (n := len(p.read_text().splitlines())) > 650}
     assert not big, f"modules over ~600 lines (split them by concept): {big}"
+
+
+def test_entry_points_use_no_private_names_of_jaxrl():
+    """launch/ scripts use jaxrl's public API (launch/run.py used to read
+    `distributed._initialized`)."""
+    offenders = []
+    for path in sorted((ROOT / "launch").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jaxrl"):
+                modules.update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                modules.update((a.asname or a.name).split(".")[0] for a in node.names
+                               if a.name.startswith("jaxrl"))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__") and isinstance(node.value, ast.Name)
+                    and node.value.id in modules):
+                offenders.append(f"{path.name}:{node.lineno} {node.value.id}.{node.attr}")
+    assert not offenders, offenders
