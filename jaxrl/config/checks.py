@@ -7,13 +7,31 @@ Each failure names every key involved and how to fix it.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
 from jaxrl.config.base import ConfigError
 
 
+def check_finite(obj, prefix: str = "") -> None:
+    """No float option is NaN or infinite (none documents such a value)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            check_finite(value, f"{prefix}{f.name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}{f.name}={value!r} is not valid; it must be a finite "
+                              "number")
+
+
 def check_run(cfg) -> None:
     """Everything that can be checked from the config alone."""
+    check_finite(cfg)
+    if (not cfg.name or cfg.name in (".", "..") or "/" in cfg.name or "\\" in cfg.name
+            or "\0" in cfg.name):
+        raise ConfigError(f"name={cfg.name!r} is not valid; it must be a single path component "
+                          f"(the run directory is run_dir/name = {cfg.run_dir}/<name>)")
     train, pipe, data, gen = cfg.train, cfg.pipeline, cfg.data, cfg.generate
     updates = pipe.steps * train.mini_batches * train.epochs
     if train.schedule == "cosine" and train.total_steps < updates:

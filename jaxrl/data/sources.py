@@ -166,9 +166,17 @@ def _from_list(records: list[dict], like: RecordSource) -> RecordSource:
 
 
 def _jsonl_records(path: Path):
-    """(location, record) per non-blank line; a malformed line yields a RecordError instead."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    """(location, record) per non-blank line of a UTF-8 file; a malformed line (bad JSON, or a
+    byte that is not UTF-8) yields a RecordError naming the file and line instead."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield f"{path}:{lineno}", RecordError(
+                    f"{path}:{lineno}: not UTF-8 (byte {raw[e.start]:#04x} at column "
+                    f"{e.start + 1}): {raw[:120]!r}")
+                continue
             if not line.strip():
                 continue
             try:

@@ -1,0 +1,36 @@
+"""Bad values fail before any work: non-finite floats, run names that leave run_dir, bad bytes in
+data files (each used to be accepted or end in a bare traceback)."""
+
+import math
+
+import pytest
+
+from jaxrl.config import ConfigError, RunConfig, apply_overrides
+from jaxrl.data.sources import RecordError, load_records
+
+
+@pytest.mark.parametrize("override", ["--train.lr=inf", "--generate.temperature=nan",
+                                      "--rewards.timeout_s=nan", "--rewards.timeout_s=inf",
+                                      "--train.eps_high=-inf"])
+def test_non_finite_floats_are_rejected(override):
+    with pytest.raises(ConfigError, match=r"is not valid; it must be a finite number|must be"):
+        apply_overrides(RunConfig(), [override])
+    key = override[2:].split("=")[0]
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        apply_overrides(RunConfig(), [override])
+    assert math.isfinite(RunConfig().train.lr)
+
+
+@pytest.mark.parametrize("name", ["../../..", "a/b", "..", ".", ""])
+def test_run_names_are_single_path_components(name):
+    with pytest.raises(ConfigError, match="single path component"):
+        apply_overrides(RunConfig(), [f"--name={name}"])
+
+
+def test_a_bad_byte_names_file_and_line_and_can_be_skipped(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"prompt": "a"}\n{"prompt": "b\xff"}\n{"prompt": "c"}\n')
+    with pytest.raises(RecordError, match=r"d.jsonl:2: not UTF-8 \(byte 0xff at column 14\)"):
+        load_records([path])
+    src = load_records([path], skip_bad_records=True)
+    assert [r["prompt"] for r in src] == ["a", "c"] and src.bad_records == 1
