@@ -25,8 +25,8 @@ def _parser() -> argparse.ArgumentParser:
                    "instead of the device's own figure")
     p.add_argument("--hf-config", help="a HF config.json for the model when the config's "
                    "init= directory is not on this machine")
-    p.add_argument("--prompt-len", type=int, help="longest prompt in tokens (default: from the "
-                   "task and tokenizer, as the run computes it, or generate.max_len)")
+    p.add_argument("--prompt-len", type=int, help="longest prompt in tokens (default: measured "
+                   "on the task with its tokenizer as the run does, or generate.max_len)")
     p.add_argument("--devices", type=int, help="devices to plan for (default: this machine's)")
     p.add_argument("--platform", choices=("cpu", "gpu", "tpu"),
                    help="plan for this platform (default: this machine's); needs --budget-gib "
@@ -52,21 +52,25 @@ def model_config(cfg, hf_config: str | None):
 
 
 def max_seq_len(cfg, prompt_len: int | None) -> tuple[int, str]:
+    """Longest prompt + completion the run sizes for: 1.5x the longest prompt + 8 (as
+    `jaxrl.run` sizes the KV cache), or generate.max_len when set."""
     new = cfg.data.max_new_tokens
-    if prompt_len:
-        return prompt_len + new, f"--prompt-len {prompt_len} + {new} new tokens"
-    if cfg.generate.max_len:
+    if cfg.generate.max_len and not prompt_len:
         return cfg.generate.max_len, "generate.max_len"
-    try:
-        from jaxrl.controller.build import max_prompt_len
-        from jaxrl.data.tasks import build_task
-        from jaxrl.tokenizers import load_tokenizer
+    how = f"--prompt-len {prompt_len}"
+    if not prompt_len:
+        try:
+            from jaxrl.controller.build import longest_prompt
+            from jaxrl.data.tasks import build_task
+            from jaxrl.tokenizers import load_tokenizer
 
-        longest = max_prompt_len(cfg, build_task(cfg.data), load_tokenizer(cfg.tokenizer))
-    except Exception as e:  # noqa: BLE001 - any missing file or tokenizer: ask for the figure
-        raise ConfigError(f"cannot measure the prompts here ({type(e).__name__}: {e}); pass "
-                          "--prompt-len N (the longest prompt in tokens)") from None
-    return longest + new, f"prompts measured as the run does ({longest}) + {new} new tokens"
+            prompt_len = longest_prompt(cfg, build_task(cfg.data), load_tokenizer(cfg.tokenizer))
+        except Exception as e:  # noqa: BLE001 - a missing file or tokenizer: ask for the figure
+            raise ConfigError(f"cannot measure the prompts here ({type(e).__name__}: {e}); pass "
+                              "--prompt-len N (the longest prompt in tokens)") from None
+        how = f"longest of 64 held-out prompts {prompt_len}"
+    sized = int(prompt_len * 1.5) + 8
+    return sized + new, f"{how} x 1.5 + 8 = {sized}, + {new} new tokens"
 
 
 def main(argv: list[str] | None = None) -> int:

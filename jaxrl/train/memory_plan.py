@@ -247,9 +247,12 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
     act, (rows, micro, length), flash, remat = train_step_activations(cfg, tm, tshape,
                                                                       max_seq_len, platform)
     grads = st["params"] + (st["f32"] if train.micro_batches > 1 else 0)
+    # gradients + update take ~2.5x the f32 params in the compiled step (CPU, a 21M-parameter
+    # model, 1 and 2 micro-batches; docs/memory.md): the update reuses the accumulator's buffer
+    update = st["f32"] * 3 // 2 - (st["f32"] if train.micro_batches > 1 else 0)
     step = [Item("trainer", "gradients" + (" + f32 accumulator" if train.micro_batches > 1
                                            else ""), grads),
-            Item("trainer", "optimizer update temporaries", st["f32"], "estimate: f32 params"),
+            Item("trainer", "optimizer update temporaries", update, "estimate"),
             Item("trainer", f"activations ({micro} rows x {length} tokens, remat {train.remat})",
                  act, "largest micro-batch, estimate" + ("; remat saves nothing on XLA:CPU"
                                                          if remat != train.remat else ""))]
@@ -260,7 +263,7 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
         step.append(Item("trainer", "step temporaries", int(ma.temp_size_in_bytes),
                          "compiled step's memory_analysis()"))
         source = (f"compiled memory_analysis(): temp {_fmt(ma.temp_size_in_bytes)} vs analytic "
-                  f"{_fmt(act + grads + st['f32'])} (gradients + update + activations)")
+                  f"{_fmt(act + grads + update)} (gradients + update + activations)")
     n_bt = 6 + sum(1 for x in (train.needs_reference, train.correction != "none",
                                train.mini_batches * train.epochs > 1) if x)
     batch = -(-rows // fsdp) * length * 4 * n_bt * (2 if train.mini_batches > 1 else 1)

