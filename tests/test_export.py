@@ -110,6 +110,7 @@ def test_bad_arguments_answered_before_jax(run, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_generate_cli_reads_a_run_directory(run, capsys):
     """`python -m jaxrl.generate --model runs/<name>`: the run's latest checkpoint and its
     tokenizer (before: its config.json was read as a Hugging Face config and failed)."""
