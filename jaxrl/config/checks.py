@@ -45,10 +45,13 @@ def check_run(cfg) -> None:
             f"train.mini_batches={train.mini_batches} is more than the groups per step "
             f"(data.prompts_per_step={data.prompts_per_step}); groups are never split across "
             f"mini-batches: use --train.mini_batches<={data.prompts_per_step}")
-    if train.ref_init and not (Path(train.ref_init) / "config.json").is_file():
+    ref = train.ref_init
+    local = ref and (Path(ref).exists() or ref.startswith((".", "/", "~")) or ref.count("/") != 1)
+    if local and not (Path(ref).expanduser() / "config.json").is_file():
         raise ConfigError(
-            f"train.ref_init={train.ref_init!r} is not a Hugging Face model directory (no "
-            "config.json there); point it at one, or leave it unset to use the initial policy")
+            f"train.ref_init={ref!r} is not a Hugging Face model directory (no config.json there) "
+            "nor a Hub id (org/name); point it at one, or leave it unset to use the initial "
+            "policy")
     rollouts = data.prompts_per_step * data.group_size
     if train.micro_batches > rollouts:
         raise ConfigError(
