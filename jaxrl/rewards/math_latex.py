@@ -76,15 +76,16 @@ _TEXT_RE = re.compile(
 )
 _DEGREE_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|°|\\degree")
 _THOUSANDS_RE = re.compile(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$")
-_UNIT = (
-    r"(?:square|sq\.?|cubic)?\s*(?:"
-    r"degrees?|radians?|cm|mm|km|meters?|metres?|inch(?:es)?|in\.|feet|foot|ft|yards?|miles?|"
+_UNIT_WORD = (
+    r"(?:degrees?|radians?|cm|mm|km|meters?|metres?|inch(?:es)?|in\.|feet|foot|ft|yards?|miles?|"
     r"kg|grams?|pounds?|lbs?|ounces?|oz|liters?|litres?|ml|gallons?|"
     r"hours?|hrs?|minutes?|mins?|seconds?|secs?|days?|weeks?|months?|years?|"
-    r"mph|dollars?|cents?|units?|people|students|apples|marbles|cookies|pages|books"
-    r")(?:\s*\^\s*\{?[23]\}?|\s*per\s*\w+)?"
+    r"mph|dollars?|cents?|units?|people|students|apples|marbles|cookies|pages|books)"
 )
-_UNITS_TAIL_RE = re.compile(rf"(?<=[\d}})\].])\s*(?:{_UNIT}\s*)+$", re.IGNORECASE)
+# Runs on single-spaced text; every space has one place in a match (no nested optional spaces:
+# an ambiguous version of this pattern took minutes on "1 cm cm ... cm x").
+_UNIT = rf"(?:(?:square|sq\.?|cubic) )?{_UNIT_WORD}(?: ?\^ ?\{{?[23]\}}?| per [a-z]+)?"
+_UNITS_TAIL_RE = re.compile(rf"(?<=[\d}})\].]) ?{_UNIT}(?: {_UNIT})*$", re.IGNORECASE)
 _ONE_LETTER_UNITS_TAIL_RE = re.compile(r"(?<=[\d}])\s+(?:m|g|s|h|l)(?:\^\{?[23]\}?)?$")
 _MIXED_RE = re.compile(r"^(-?)(\d+)\\frac\{?(\d+)\}?\{?(\d+)\}?$")
 _SPACE_RE = re.compile(r"(\\[A-Za-z]+)?\s+(?=([A-Za-z])?)")

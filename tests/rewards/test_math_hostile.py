@@ -103,6 +103,21 @@ def test_huge_or_deep_answers_are_refused_fast(pred):
     assert time.monotonic() - t0 < 2.0, pred  # refused by size, not by the worker's deadline
 
 
+@pytest.mark.parametrize(
+    "pred",
+    [
+        "1" + " cm" * 80 + " x",  # a unit-stripping regex backtracked exponentially on this
+        "1" + " square cm per x" * 12 + "!",
+        "1" + " " * 200 + "x",
+        "\\boxed{" * 100 + "1",
+    ],
+)
+def test_normalisation_regexes_are_not_catastrophic(pred):
+    t0 = time.monotonic()
+    ma.answers_equivalent(pred, "1")
+    assert time.monotonic() - t0 < 2.0
+
+
 def test_large_but_reasonable_numbers_still_compare():
     assert ma.answers_equivalent("2^{100}", "1267650600228229401496703205376") is True
     assert ma.answers_equivalent("10^{-3}", "0.001") is True
