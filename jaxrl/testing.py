@@ -1,7 +1,10 @@
 """Fixtures for tests and examples: the tiny model config, tiny Hugging Face models.
 
-Production code never imports this module (tests/test_production_imports.py checks): the named model shapes
-live in `jaxrl.presets`, re-exported here for the tests.
+Production code never imports this module (tests/test_production_imports.py checks): the named
+model shapes live in `jaxrl.presets`, re-exported here for the tests.
+
+    python -m jaxrl.testing gsm8k-recipe runs/gsm8k-tiny   # a tiny model, tokenizer and GSM8K
+                                                           # files for configs/gsm8k_tiny.py
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from pathlib import Path
 
 from jaxrl.presets import tiny_model_config
 
-__all__ = ["TINY_HF_KW", "make_hf_model", "tiny_model_config"]
+__all__ = ["TINY_HF_KW", "make_gsm8k_recipe", "make_hf_model", "tiny_model_config",
+           "tiny_tokenizer"]
 
 TINY_HF_KW = dict(
     vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -51,3 +55,67 @@ def make_hf_model(arch: str, path: str | Path | None = None, seed: int = 0, **ov
     if path is not None:
         model.save_pretrained(str(path), safe_serialization=True)
     return model
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+GSM8K_STYLE = [("Nat sold {a} clips and then {b} more. How many clips?", "+"),
+               ("Bo has {a} coins and gives away {b}. How many coins now?", "-"),
+               ("A box holds {a} eggs. How many eggs are in {b} boxes?", "*")]
+
+
+def tiny_tokenizer(path: str | Path, texts: list[str], vocab_size: int = 300) -> None:
+    """A byte-level BPE `tokenizer.json` trained on `texts`, with a ChatML template and
+    tokenizer_config.json, as a Hub repository ships them."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(texts) * 5, trainer)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML,
+         "tokenizer_class": "PreTrainedTokenizerFast"}))
+
+
+def make_gsm8k_recipe(out: str | Path, *, train: int = 48, test: int = 16, seed: int = 0) -> Path:
+    """`out/model` (a tiny random Qwen2 with its own BPE tokenizer) and `out/train.jsonl`,
+    `out/test.jsonl` in GSM8K's format (question, answer with a final `#### N` line): what
+    `configs/gsm8k_tiny.py` reads. Returns `out`."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(train + test):
+        text, op = rng.choice(GSM8K_STYLE)
+        a, b = rng.randint(2, 60), rng.randint(2, 9)
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        rows.append({"question": text.format(a=a, b=b),
+                     "answer": f"{a} {op} {b} = <<{a}{op}{b}={value}>>{value}\n#### {value}"})
+    out = Path(out)
+    model_dir = out / "model"
+    texts = [r["question"] + " " + r["answer"] for r in rows]
+    tiny_tokenizer(model_dir, texts + ["Solve it step by step and put the final answer in "
+                                       "\\boxed{}. The answer is 0123456789"])
+    make_hf_model("qwen2", model_dir, seed=seed, vocab_size=320, max_position_embeddings=512)
+    for name, part in (("train.jsonl", rows[:train]), ("test.jsonl", rows[train:])):
+        (out / name).write_text("".join(json.dumps(r) + "\n" for r in part))
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "gsm8k-recipe":
+        raise SystemExit("usage: python -m jaxrl.testing gsm8k-recipe OUT_DIR")
+    print(f"wrote {make_gsm8k_recipe(sys.argv[2])}: model/, train.jsonl, test.jsonl")
