@@ -194,9 +194,13 @@ class _Parser:
                 self._scalar(t)
         return self.sp.Add(*terms) if len(terms) > 1 else terms[0]
 
-    def _scalar(self, v):
+    def _scalar(self, v, *, infinite_ok: bool = False):
+        """`v` as an operand: a number or expression; +-infinity only under a unary minus (no
+        arithmetic with an infinity: sympy calls `\\infty^0` 1 and `0.5\\infty` infinity)."""
         if not isinstance(v, self.sp.Expr):
             raise Unparsable("arithmetic on a tuple or set")
+        if not infinite_ok and v.has(self.sp.oo, -self.sp.oo, self.sp.zoo):
+            raise Refused("arithmetic with an infinity")
         return v
 
     def parse_term(self):
@@ -220,7 +224,7 @@ class _Parser:
         text = self.peek()[1]
         if text in ("-", "+"):
             self.take()
-            v = self._scalar(self.parse_unary())
+            v = self._scalar(self.parse_unary(), infinite_ok=True)
             return -v if text == "-" else v
         return self.parse_power()
 

@@ -17,7 +17,7 @@ from jaxrl.rewards import math_answer as ma
 from jaxrl.rewards.rewards import RewardScorer, RewardSpec
 from jaxrl.rewards.workers import KillableWorkers
 
-FINITE_GOLDS = ["3", "2.5", "-0.5", "0", "1/3", "\\frac{\\sqrt{2}}{2}", "1000000", "x+1"]
+FINITE_GOLDS = ["3", "2.5", "-0.5", "0", "1", "1/3", "\\frac{\\sqrt{2}}{2}", "1000000", "x+1"]
 
 
 @pytest.mark.parametrize("gold", FINITE_GOLDS)
@@ -46,6 +46,13 @@ FINITE_GOLDS = ["3", "2.5", "-0.5", "0", "1/3", "\\frac{\\sqrt{2}}{2}", "1000000
         "1e999",
         "3 + 0.000001i",  # complex, never a real gold
         "i^{2} + 4i",
+        "\\infty^{0}",  # sympy: 1 (found after the first fix: any arithmetic on an infinity)
+        "\\infty^{0} + 2",
+        "\\frac{1}{\\infty}",  # sympy: 0
+        "e^{-\\infty}",
+        "0 \\cdot \\infty",
+        "\\frac{\\infty}{\\infty}",
+        "3 + 0\\infty",
     ],
 )
 def test_nonfinite_and_complex_never_equal_a_finite_gold(pred, gold):
