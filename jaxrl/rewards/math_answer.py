@@ -96,8 +96,14 @@ def _abs(x, sp, prec: int = 50):
 
 
 def _close(a, b, tol: float, sp) -> bool:
-    """|a - b| <= tol * max(|a|, |b|, 1e-12), evaluated at 50 digits (no float overflow)."""
-    d, va, vb = _abs(a - b, sp), _abs(a, sp), _abs(b, sp)
+    """|a - b| <= tol * max(|a|, |b|, 1e-12), evaluated at 50 digits (no float overflow); with
+    `tol` 0 (exact answers) a difference sympy reduces to a rational must be 0."""
+    diff = a - b
+    if tol == 0:
+        if diff.is_Rational:
+            return diff == 0
+        tol = _EXACT_TOL
+    d, va, vb = _abs(diff, sp), _abs(a, sp), _abs(b, sp)
     if d is None or va is None or vb is None:
         return False
     return bool(d <= sp.Float(tol) * max(va, vb, sp.Float(1e-12)))
@@ -115,15 +121,13 @@ def _expr_equal(a, b, tol: float, sp) -> bool:
         return True
     symbols = sorted(a.free_symbols | b.free_symbols, key=str)
     if not symbols:
-        if a.is_Rational and b.is_Rational and tol == 0:
-            return False  # distinct exact rationals
-        return _close(a, b, tol or _EXACT_TOL, sp)
+        return _close(a, b, tol, sp)
     # Variables: equal at random points (an identity holds at every point; a false one almost
     # never). The points are fresh for every check, so they cannot be learnt.
     rng = random.Random()
     for _ in range(_POINTS):
         point = {s: sp.Rational(rng.randint(1000, 3000), 1000) for s in symbols}
-        if not _close(a.xreplace(point), b.xreplace(point), tol or _EXACT_TOL, sp):
+        if not _close(a.xreplace(point), b.xreplace(point), tol, sp):
             return False
     return True
 

@@ -109,6 +109,10 @@ def test_exact_values_are_compared_exactly():
     assert ma.answers_equivalent("\\frac{1}{3}", "0.3333333") is True  # a decimal: rel_tol 1e-6
     assert ma.answers_equivalent("\\frac{1}{3}", "\\frac{333333}{1000000}") is False  # exact
     assert ma.answers_equivalent("3 + 10^{-60}", "3") is False
+    assert ma.answers_equivalent("\\sqrt{2} + 10^{-40}", "\\sqrt{2}") is False
+    assert ma.answers_equivalent("3 + 10^{-40}x", "3") is False
+    assert ma.answers_equivalent("\\sqrt{x} + 10^{-40}", "\\sqrt{x}") is False
+    assert ma.answers_equivalent("\\frac{1}{\\sqrt{2}-1}", "\\sqrt{2}+1") is True  # 50 digits
 
 
 def test_symbolic_checks_use_fresh_random_points():
