@@ -30,6 +30,7 @@ backends, options).
 
 from __future__ import annotations
 
+import logging
 import random
 
 from jaxrl.rewards.math_latex import PERCENT_CHOICES, UNITS_CHOICES, extract_answer, normalize
@@ -235,7 +236,9 @@ def _math_verify_score(completion: str, gold: str) -> float:
             "math_answer backend 'math_verify' needs the math-verify package "
             "(pip install math-verify); or use backend='sympy'"
         ) from None
-    # The worker's deadline bounds the call; math-verify's own SIGALRM timeouts are turned off.
+    # The worker's deadline bounds the call; math-verify's own SIGALRM timeouts are turned off
+    # (and its warning that they are, logged on every call, silenced).
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
     # The library's own extraction reads the completion (last boxed answer, else last expression).
     g = math_verify.parse(f"${gold}$", parsing_timeout=None)
     p = math_verify.parse(completion, parsing_timeout=None)
