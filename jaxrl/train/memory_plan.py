@@ -253,7 +253,8 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
     step = [Item("trainer", "gradients" + (" + f32 accumulator" if train.micro_batches > 1
                                            else ""), grads),
             Item("trainer", "optimizer update temporaries", update, "estimate"),
-            Item("trainer", f"activations ({micro} rows x {length} tokens, remat {train.remat})",
+            Item("trainer", f"activations ({micro // fsdp} rows x {length} tokens, remat "
+                            f"{train.remat})",
                  act, "largest micro-batch, estimate" + ("; remat saves nothing on XLA:CPU"
                                                          if remat != train.remat else ""))]
     source = "analytic estimate (activation_bytes)"
