@@ -15,6 +15,7 @@ import re
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?:\s*(\{)|\s+(?=[^\s{]))")
 _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
 _GSM8K_RE = re.compile(r"####\s*(\S[^\n]*)")
+_NUMBER_THEN_WORDS_RE = re.compile(r"(\\?\$?-?\d[\d,]*(?:\.\d+)?)\s+[A-Za-z]")
 
 
 def _brace_matches(text: str) -> dict[int, int]:
@@ -45,7 +46,9 @@ def extract_answer(text: str) -> str | None:
                     return word.group()
     hashes = list(_GSM8K_RE.finditer(text))
     if hashes:
-        return hashes[-1].group(1).strip()
+        after = hashes[-1].group(1).strip()
+        words = _NUMBER_THEN_WORDS_RE.match(after)  # "#### 72 clips": 72
+        return words.group(1) if words else after
     numbers = _NUMBER_RE.findall(text)
     if numbers:
         return numbers[-1].rstrip(",").strip()

@@ -50,6 +50,9 @@ def test_held_out_set_has_no_false_positives():
         ("\\boxed 5", "5"),
         ("\\boxed{5} then \\boxed 6", "6"),
         ("Natalia sold 48/2 = 24 clips.\n#### 72", "72"),  # GSM8K's own format
+        ("so #### 72 clips in total", "72"),
+        ("#### \\$1,250.50 for both", "\\$1,250.50"),
+        ("#### \\frac{1}{2}", "\\frac{1}{2}"),
         ("we get 12 apples and 3/4 cups", "3/4"),
         ("total: 1,234.", "1,234"),
         ("no digits here", None),
