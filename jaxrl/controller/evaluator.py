@@ -33,7 +33,8 @@ class Evaluator:
         start, stop = self.processes.eval_share(len(records))
         mine = records[start:stop]
         bar = Progress(f"eval@{step}", len(mine) * (self.cfg.pass_k + 1), unit="sample",
-                       enabled=self.progress and self.processes.leader, min_interval=10.0)
+                       enabled=self.progress and self.processes.leader, min_interval=10.0,
+                       announce=True)
 
         def evaluate() -> dict:
             return self.producer.evaluate(mine, pass_k=self.cfg.pass_k,

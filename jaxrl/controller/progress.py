@@ -9,7 +9,8 @@ log file or pipe, one plain line per update (at most one per `min_interval` seco
 the last). The ETA leaves out compilation: it starts counting at the phase's first update (the
 first step includes the jit compile) and is "-" until a second update gives a rate.
 
-`set_enabled(False)` (the launcher's `--quiet`) silences every display in the process.
+With `announce=True` a plain log gets a line when the phase starts, so a phase that compiles
+first is not silent. `set_enabled(False)` (the launcher's `--quiet`) silences every display.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def _duration(seconds: float) -> str:
 
 class Progress:
     def __init__(self, label: str, total: int, *, unit: str = "step", initial: int = 0,
-                 stream=None, enabled: bool = True, min_interval: float = 0.0):
+                 stream=None, enabled: bool = True, min_interval: float = 0.0,
+                 announce: bool = False):
         self.label, self.total, self.unit = label, int(total), unit
         self.done = int(initial)
         self.stream = stream or sys.stderr
@@ -61,6 +63,9 @@ class Progress:
             self._bar = tqdm(total=self.total, initial=self.done, desc=label, unit=unit,
                              file=self.stream, bar_format="{desc} {n_fmt}/{total_fmt} "
                              "|{bar:20}| {postfix}", dynamic_ncols=True, leave=True)
+        elif self.enabled and announce:  # a plain log says at once that the phase started
+            print(f"{label} {self.done}/{self.total} | started (the first {unit} includes "
+                  "compilation)", file=self.stream, flush=True)
 
     def eta(self, now: float | None = None) -> float | None:
         """Seconds left at the rate since the first update (None before there is a rate)."""

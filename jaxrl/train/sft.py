@@ -107,7 +107,8 @@ def run_sft(model_cfg: ModelConfig, data_cfg: DataConfig, *, mesh: Mesh, tokeniz
     step_fn = make_train_step(graphdef, train_cfg, mesh, shardings, objective="sft")
     losses, t0, pending = [], time.perf_counter(), None
     # the one console display of SFT (process 0); `on_log` receives the same rows as data
-    bar = Progress("SFT", sft.steps, unit="step", enabled=jax.process_index() == 0)
+    bar = Progress("SFT", sft.steps, unit="step", enabled=jax.process_index() == 0,
+                   announce=True)
     for step in range(1, sft.steps + 1):
         batch = sft_rows(task, next(it), tokenizer, fmt, sft.max_len)
         state, metrics = step_fn(state, batch)

@@ -159,7 +159,9 @@ def test_evaluation_shows_progress():
     assert metrics == {"eval/pass@1": 0.5}
     # the first sample at once (the phase is not silent), then at most every 10 s, and the end:
     # 3 prompts x (pass_k 2 + greedy)
-    assert stream.getvalue().splitlines() == ["eval@0 1/9 | ETA -", "eval@0 9/9 | ETA 0s"]
+    assert stream.getvalue().splitlines() == [
+        "eval@0 0/9 | started (the first sample includes compilation)",
+        "eval@0 1/9 | ETA -", "eval@0 9/9 | ETA 0s"]
 
 
 def test_plain_progress_lines_and_quiet(monkeypatch):
@@ -197,7 +199,9 @@ def test_sft_prints_one_line_per_logged_step(tmp_path, capsys, caplog):
     with caplog.at_level(logging.INFO):
         build.initial_params(cfg, meshes.trainer, tokenizer, task, model_cfg, processes)
     logged = [r.getMessage() for r in caplog.records if "sft step" in r.getMessage().lower()]
-    shown = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("SFT ")]
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("SFT 0/4 | started")  # at once, before the compiling first step
+    shown = [ln for ln in err if re.match(r"SFT \d+/4 \| step", ln)]
     assert len(logged) + len(shown) == 3, (logged, shown)  # steps 1, 2 and 4: once each
     assert [int(re.search(r"step (\d+)", ln).group(1)) for ln in shown] == [1, 2, 4]
 
