@@ -47,8 +47,10 @@ def extract_answer(text: str) -> str | None:
     hashes = list(_GSM8K_RE.finditer(text))
     if hashes:
         after = hashes[-1].group(1).strip()
-        words = _NUMBER_THEN_WORDS_RE.match(after)  # "#### 72 clips": 72
-        return words.group(1) if words else after
+        words = _NUMBER_THEN_WORDS_RE.match(after)  # "#### 72 clips": 72; not "#### 72 or 73"
+        if words and not re.search(r"\d|\bor\b", after[words.end(1) :], re.IGNORECASE):
+            return words.group(1)
+        return after
     numbers = _NUMBER_RE.findall(text)
     if numbers:
         return numbers[-1].rstrip(",").strip()

@@ -51,6 +51,8 @@ def test_held_out_set_has_no_false_positives():
         ("\\boxed{5} then \\boxed 6", "6"),
         ("Natalia sold 48/2 = 24 clips.\n#### 72", "72"),  # GSM8K's own format
         ("so #### 72 clips in total", "72"),
+        ("#### 72 or 73", "72 or 73"),  # a hedge stays whole (and then matches neither)
+        ("#### 72 clips, or maybe none", "72 clips, or maybe none"),
         ("#### \\$1,250.50 for both", "\\$1,250.50"),
         ("#### \\frac{1}{2}", "\\frac{1}{2}"),
         ("we get 12 apples and 3/4 cups", "3/4"),

@@ -177,6 +177,8 @@ def test_hedged_answers_score_zero(pred, gold):
 
 
 def test_hedging_with_many_boxes_takes_the_last():
+    assert ma.math_score("#### 72 or 73", "72") == 0.0
+    assert ma.math_score("#### 72 apples or 73", "72") == 0.0
     assert ma.math_score("\\boxed{3} or maybe \\boxed{4}", "3") == 0.0
     assert ma.math_score("\\boxed{4} no wait \\boxed{3}", "3") == 1.0
 
