@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"set {args.set}: {len(rows)} hand-labelled rows, deadline {args.timeout_s:g} s per check"
     )
-    with KillableWorkers(1, preload=("sympy",)) as workers:
+    with KillableWorkers(1, preload=("sympy", "math_verify")) as workers:
         for backend in backends:
             r = run_backend(backend, rows, args.timeout_s, workers)
             print(

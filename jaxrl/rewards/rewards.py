@@ -212,7 +212,7 @@ class RewardScorer:
         self.spec = spec
         self.pool = pool
         self._own_workers = workers is None
-        self.workers = workers or KillableWorkers(num_workers, preload=("sympy",))
+        self.workers = workers or KillableWorkers(num_workers, preload=MATH_PRELOAD)
         self._lock = threading.Lock()
         self.error_counts = {t.name: 0 for t in spec.terms}
         self.timeout_counts = {t.name: 0 for t in spec.terms}
@@ -371,6 +371,8 @@ def _math_check_options(**options) -> None:
 
 
 MATH_OPTIONS = ("backend", "units", "percent", "rel_tol", "max_answer_chars")
+# Imported by each worker before it takes work (a missing optional one is skipped).
+MATH_PRELOAD = ("sympy", "math_verify")
 
 
 def _math_batch(items, *, workers, timeout_s, pool=None, **options):
@@ -396,7 +398,7 @@ def default_workers() -> KillableWorkers:
     global _default_workers
     with _default_lock:
         if _default_workers is None:
-            _default_workers = KillableWorkers(2, preload=("sympy",))
+            _default_workers = KillableWorkers(2, preload=MATH_PRELOAD)
         return _default_workers
 
 
