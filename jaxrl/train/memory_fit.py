@@ -118,16 +118,30 @@ def suggest(plan: MemoryPlan) -> list[str]:
     max_seq_len = plan.max_seq_len
     tried = _trainer(plan) + _generator(plan, max_seq_len)
     over = plan.need() - plan.budget_bytes
+    fixed = [i for i in plan.items if i.name.startswith(("parameters", "optimizer state",
+                                                         "reference", "weights"))]
+    per = {r: sum(i.bytes for i in fixed if i.role == r) for r in ("trainer", "generator")}
+    static = dataclasses.replace(plan, items=tuple(fixed))
+    if not static.fits():
+        head = [f"the weights and optimizer state alone need {_fmt(static.need())} (trainer "
+                f"{_fmt(per['trainer'])}, generator {_fmt(per['generator'])} per device): only "
+                "a smaller model, bf16 parameters, LoRA, or more memory / devices can fit"]
+    else:
+        head = []
     lines = [_line(s, plan, p, w) for s, p, w in tried if p is not plan and p.fits()]
     # a setting that does not fit alone is listed when it closes >= 10% of the gap
     rest = [_line(s, plan, p, w) for s, p, w in tried
             if p is not plan and not p.fits() and plan.need() - p.need() >= over / 10]
     rest += [f"{s}: {w}" for s, p, w in tried if p is plan]
-    if not lines:
-        cfg = plan.cfg
-        best = plan.replan(_with(_with(cfg, "train", remat="full", ref_dtype="bfloat16"),
-                                 "generate", dtype="bfloat16", max_len=max_seq_len),
+    if not lines:  # every setting at its furthest, together
+        cfg, (fsdp, _), (dp, _) = plan.cfg, plan.trainer_shape, plan.generator_shape
+        rows_dev = cfg.data.prompts_per_step * cfg.data.group_size // cfg.train.mini_batches
+        m = max(cfg.train.micro_batches, rows_dev // fsdp)
+        best = plan.replan(_with(_with(cfg, "train", remat="full", ref_dtype="bfloat16",
+                                       micro_batches=m, logprob_chunk=8),
+                                 "generate", dtype="bfloat16", max_len=max_seq_len, num_slots=dp),
                            *_shapes(plan))
-        rest.append(_line("remat full + bf16 reference and generator + exact max_len together",
+        rest.append(_line(f"all together (micro_batches={m}, remat full, logprob_chunk=8, bf16 "
+                          f"reference and generator, num_slots={dp}, max_len={max_seq_len})",
                           plan, best))
-    return lines + rest
+    return head + lines + rest

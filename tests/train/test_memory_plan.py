@@ -113,6 +113,8 @@ def test_too_large_for_the_budget_fails_before_any_compilation():
     assert _fmt(4 * big.num_params()) in msg  # the parameters' figure, f32
     assert "64.0 MiB" in msg and "DOES NOT FIT" in msg
     assert "settings that would make it fit" in msg
+    # 100M f32 parameters + Adam's two moments are ~1.1 GiB on their own: no step setting helps
+    assert "the weights and optimizer state alone need" in msg
     assert "--train.param_dtype=bfloat16" in msg or "--train.micro_batches=" in msg
 
 
