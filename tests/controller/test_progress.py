@@ -232,3 +232,22 @@ def test_a_run_logs_the_before_rl_evaluation_at_step_0_and_samples(tmp_path, cap
     assert [int(s) for s in re.findall(r"^RL \d+/3 \| step (\d+)", err, re.M)] == [0, 1, 2]
     again = jaxrl.run.run(cfg, resume=True, progress=False)
     assert "is complete at step 2 (3 steps); nothing to do" in again.summary
+
+
+def test_terminal_gets_one_tqdm_bar_with_the_same_eta(clock):
+    from jaxrl.controller.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    bar = Progress("RL", 10, stream=term)
+    clock[0] = 100.0
+    bar.update(1, step=0)
+    clock[0] = 102.0
+    bar.update(1, step=1)
+    bar.close()
+    screen = term.getvalue().split("\r")[-1]  # what the terminal shows last
+    assert screen.startswith("RL 2/10 |") and "step 1 | ETA 16s" in screen, repr(screen)
+    assert "\n" not in term.getvalue().rstrip("\n")  # redrawn in place, not a line per update
