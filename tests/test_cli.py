@@ -78,6 +78,9 @@ def test_help_lists_every_key_with_value_and_description():
     source = (ROOT / "jaxrl" / "config" / "sections.py").read_text()
     comment = next(ln for ln in source.splitlines() if ln.strip().startswith("steps: int"))
     assert comment.split("#", 1)[1].strip() in line
+    # or, for a field without a comment, from its class docstring's `name   description` table
+    line = next(ln for ln in text.splitlines() if ln.startswith("  --data.train_size="))
+    assert "size of one epoch of a procedural task" in line
     # grouped by section, each titled with its class's docstring
     for section in ("model", "mesh", "train", "data", "data.sft", "generate", "rewards",
                     "pipeline", "dist"):

@@ -2,8 +2,9 @@
 `--print-config`. No JAX imports: a wrong flag or value fails before JAX starts.
 
 The key descriptions come from the dataclasses' own source: the comment after a field
-(`steps: int = 40  # RL updates in the run`) or the comment lines right above it, so they are
-written once, next to the field. The class docstring's first line describes a section.
+(`steps: int = 40  # RL updates in the run`) or the comment lines right above it, or else a
+`name   description` table in the class docstring, so they are written once, next to the
+fields. The class docstring's first line describes a section.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import functools
 import inspect
 import io
 import json
+import re
 import textwrap
 import tokenize
 import typing
@@ -91,7 +93,7 @@ def field_docs(cls: type) -> dict[str, str]:
     comments = _comments(source)
     lines = source.splitlines()
     tree = ast.parse(source)
-    docs = {}
+    docs, headings = {}, set()
     for node in tree.body[0].body:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
@@ -108,8 +110,35 @@ def field_docs(cls: type) -> dict[str, str]:
                 above.insert(0, comments.get(n, ""))
                 n -= 1
             text = " ".join(above)
+            if len(above) == 1:  # a one-line heading over a group of fields
+                headings.add(node.target.id)
         docs[node.target.id] = text.removeprefix("--- ").strip()
+    for name, text in _docstring_table(inspect.getdoc(cls) or "").items():
+        if not docs.get(name) or name in headings:  # described in the class docstring
+            docs[name] = text
     return docs
+
+
+_TABLE_ROW = re.compile(r"^(\s+)([A-Za-z_]\w*(?:\s*/\s*[A-Za-z_]\w*)*)\s{2,}(\S.*)$")
+
+
+def _docstring_table(doc: str) -> dict[str, str]:
+    """Rows of a docstring's `name [/ name]   description` table (continued on lines indented
+    to the description's column), as {name: description}."""
+    out, lines, i = {}, doc.splitlines(), 0
+    while i < len(lines):
+        m = _TABLE_ROW.match(lines[i])
+        i += 1
+        if not m:
+            continue
+        col, text = m.start(3), [m.group(3)]
+        while i < len(lines) and lines[i].strip() and (
+                len(lines[i]) - len(lines[i].lstrip())) >= col:
+            text.append(lines[i].strip())
+            i += 1
+        for name in m.group(2).split("/"):
+            out[name.strip()] = " ".join(text)
+    return out
 
 
 def _continues(line: str) -> bool:
