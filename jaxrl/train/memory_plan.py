@@ -168,8 +168,14 @@ def _trainer_state_bytes(model_cfg: ModelConfig, train: TrainConfig, shape) -> d
     mesh = AbstractMesh(tuple(shape), ("fsdp", "tp"))
     param_sh = nnx.to_pure_dict(state_shardings(abstract_nnx, mesh, "trainer"))
     rep = NamedSharding(mesh, PartitionSpec())
-    opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt, param_sh,
-                                   transform_non_params=lambda _: rep)
+    opt_sh = []
+
+    def shardings():  # traced: optax's placeholder init makes arrays, compiled when eager
+        opt_sh.append(optax.tree_map_params(tx, lambda _, s: s, opt, param_sh,
+                                            transform_non_params=lambda _: rep))
+
+    jax.eval_shape(shardings)
+    opt_sh = opt_sh[0]
     return {"params": _shard_bytes(params, param_sh), "opt": _shard_bytes(opt, opt_sh),
             "f32": _shard_bytes(params, param_sh, 4), "abstract": abstract_nnx,
             "count": sum(math.prod(x.shape) for x in jax.tree.leaves(params))}
