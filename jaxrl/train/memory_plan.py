@@ -1,7 +1,7 @@
 """Memory plan: the bytes every device holds for a run, known before any work (docs/memory.md).
 
     plan = plan_memory(cfg, model_cfg, trainer_mesh_shape=(4, 1), generator_mesh_shape=(4, 1),
-                       max_seq_len=max_prompt + cfg.data.max_new_tokens)
+                       max_seq_len=int(longest * 1.5) + 8 + cfg.data.max_new_tokens)
     print(plan.format())
     plan.check()        # ConfigError with the figures and the settings that would make it fit
 
