@@ -26,10 +26,6 @@ def set_enabled(on: bool) -> None:
     _ENABLED[0] = bool(on)
 
 
-def enabled() -> bool:
-    return _ENABLED[0]
-
-
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
