@@ -1,7 +1,8 @@
 """`jaxrl.run(cfg)`: one experiment, end to end, from one Python controller. Read top to bottom:
 
   1. processes, meshes (a mesh that does not fit fails here, before any work), run directory;
-  2. tokenizer, task, model config, prompts (with the data state a checkpoint saves);
+  2. tokenizer, task, model config, the memory plan (printed; a run that does not fit stops),
+     prompts (checked to last; with the data state a checkpoint saves);
   3. the trainer on the trainer mesh: HF weights, or random init + cached SFT warm start, or the
      latest checkpoint with `resume=True`;
   4. the generator on the generator mesh (weights resharded from the trainer), the reward side
@@ -21,10 +22,8 @@ import logging
 import time
 from pathlib import Path
 
-import numpy as np
-
 from jaxrl.config import RunConfig
-from jaxrl.config.checks import check_model_lengths
+from jaxrl.config.checks import check_model_lengths, sequence_capacity
 from jaxrl.controller import build
 from jaxrl.controller.processes import Processes
 
@@ -88,6 +87,8 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     model_cfg = build.model_config(cfg, tokenizer)
     longest = build.longest_prompt(cfg, task, tokenizer)
     check_model_lengths(cfg, model_cfg, longest)
+    seq_len = sequence_capacity(longest, cfg.data.max_new_tokens)
+    build.memory_plan(cfg, model_cfg, meshes, seq_len, leader=processes.leader)
     tracker = SolveRateTracker.from_config(cfg.data)
     prompts = prompt_iterator(task, processes.data_config(cfg.data),
                               process_index=processes.index, process_count=processes.count,
@@ -119,7 +120,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     # 4. generator, rewards, producer, evaluator
     publisher, engine, scheduler = build.generator(
         cfg, model_cfg, meshes.generator, trainer.state.params,
-        seq_len=int(longest * 1.5) + 8 + cfg.data.max_new_tokens, version=start_step,
+        seq_len=seq_len, version=start_step,
         eos_id=tokenizer.eos_id, multi=processes.multi)
     pool, scorer = build.rewards(cfg, task, multi=processes.multi, closers=closers)
     producer = RolloutProducer(
@@ -178,7 +179,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
         learner.add_hook(evaluate_end, every=0)
         if start_step == 0:
             evals["start"] = evaluator(0)
-            log.info("eval before RL: %s", _fmt(evals["start"]))
+            log.info("eval before RL: %s", build.fmt_metrics(evals["start"]))
     pipeline.run(start_step=start_step, num_steps=total,
                  initial_params=trainer.state.params, on_step=learner.on_step)
     # 6. the end
@@ -188,22 +189,5 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
                        logger.summary())
     if processes.leader:
         trace.save(run_dir / "trace.json")
-        _report(cfg, result, time.perf_counter() - t_start, advice[-1] if advice else None)
+        build.report(cfg, result, time.perf_counter() - t_start, advice[-1] if advice else None)
     return result
-
-
-def _report(cfg: RunConfig, result: RunResult, wall_s: float, advice: str | None) -> None:
-    lines = [f"run {cfg.name}: {result.steps_done} steps in {wall_s:.0f}s "
-             f"({cfg.pipeline.mode} mode) -> {result.run_dir}", result.summary]
-    if result.eval_start or result.eval_end:
-        a = result.eval_start.get("eval/pass@1", float("nan"))
-        b = result.eval_end.get("eval/pass@1", float("nan"))
-        lines.append(f"held-out pass@1: {a:.3f} before RL -> {b:.3f} after")
-    if advice:
-        lines.append(advice)
-    print("\n".join(lines), flush=True)
-
-
-def _fmt(metrics: dict) -> str:
-    return ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())
-                     if isinstance(v, float) and np.isfinite(v))

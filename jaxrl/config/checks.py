@@ -89,3 +89,9 @@ def check_model_lengths(cfg, model_cfg, max_prompt: int = 1) -> None:
         raise ConfigError(
             f"data.sft.max_len={cfg.data.sft.max_len} is more than the model's "
             f"max_position_embeddings={limit}; set --data.sft.max_len<={limit}")
+
+
+def sequence_capacity(longest_prompt: int, max_new_tokens: int) -> int:
+    """Positions a run sizes its KV cache and memory plan for (`generate.max_len=0`): 1.5x the
+    longest held-out prompt + 8, plus the completion."""
+    return int(longest_prompt * 1.5) + 8 + max_new_tokens

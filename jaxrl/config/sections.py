@@ -124,6 +124,11 @@ class MeshConfig:
     generator: tuple[int, ...] | None = None
     colocated: bool = False
     cpu_cores: Literal["shared", "split"] = "shared"
+    # the memory plan printed before any work (jaxrl/train/memory_plan.py): "fail" stops a run
+    # that does not fit, "warn" only says so (the activation figures are estimates);
+    # memory_budget_gib overrides the device's memory (0: memory_stats, or host RAM on CPU)
+    memory_check: Literal["fail", "warn", "off"] = "fail"
+    memory_budget_gib: float = 0.0
 
     def __post_init__(self):
         for name in ("trainer", "generator"):
@@ -136,6 +141,9 @@ class MeshConfig:
                     f"mesh.{name}: expected two positive sizes {axes}, e.g. 4x1; got {shape!r}"
                 )
         validate_literals(self)
+        if self.memory_budget_gib < 0:
+            raise ConfigError(f"mesh.memory_budget_gib={self.memory_budget_gib} must be >= 0 "
+                              "(0 = the device's memory)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,8 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
+
 from jaxrl.config import ConfigError, RunConfig, to_dict
 from jaxrl.controller.metrics import read_metrics
 from jaxrl.rounding import next_power_of_two, round_up
@@ -68,6 +70,26 @@ def longest_prompt(cfg: RunConfig, task, tokenizer) -> int:
     of 1.5x that + 8 (`generate.max_len=0`)."""
     records = task.eval_records(min(64, cfg.data.eval_size))
     return max(len(task.render(r, tokenizer, cfg.data.prompt_format)) for r in records)
+
+
+def memory_plan(cfg: RunConfig, model_cfg, meshes, seq_len: int, *, leader: bool) -> None:
+    """Print the bytes per device the run will need before any work, and stop it
+    (`mesh.memory_check="fail"`) or warn ("warn") when they exceed the device's memory."""
+    if cfg.mesh.memory_check == "off":
+        return
+    from jaxrl.train.memory_plan import plan_memory
+
+    budget = int(cfg.mesh.memory_budget_gib * 2**30) or None
+    plan = plan_memory(cfg, model_cfg, trainer_mesh_shape=meshes.trainer.devices.shape,
+                       generator_mesh_shape=meshes.generator.devices.shape,
+                       colocated=meshes.colocated, max_seq_len=seq_len, budget_bytes=budget)
+    if leader:
+        log.info("memory plan:\n%s", plan.format())
+    if cfg.mesh.memory_check == "fail":
+        plan.check()
+    elif not plan.fits():
+        log.warning("the memory plan says the run does not fit (mesh.memory_check='warn': "
+                    "going on); the figures above")
 
 
 def check_data_lasts(cfg: RunConfig, prompts, steps: int) -> None:
@@ -230,3 +252,21 @@ def planner_report(run_dir: Path) -> str | None:
     except Exception as e:  # noqa: BLE001 - advice only; never fail a finished run
         log.debug("planner feedback unavailable: %s", e)
         return None
+
+
+def report(cfg: RunConfig, result, wall_s: float, advice: str | None) -> None:
+    """The run's last lines: steps and wall-clock, the summary, pass@1 before -> after, advice."""
+    lines = [f"run {cfg.name}: {result.steps_done} steps in {wall_s:.0f}s "
+             f"({cfg.pipeline.mode} mode) -> {result.run_dir}", result.summary]
+    if result.eval_start or result.eval_end:
+        a = result.eval_start.get("eval/pass@1", float("nan"))
+        b = result.eval_end.get("eval/pass@1", float("nan"))
+        lines.append(f"held-out pass@1: {a:.3f} before RL -> {b:.3f} after")
+    if advice:
+        lines.append(advice)
+    print("\n".join(lines), flush=True)
+
+
+def fmt_metrics(metrics: dict) -> str:
+    return ", ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())
+                     if isinstance(v, float) and np.isfinite(v))

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from jaxrl.config import ConfigError, load_config
+from jaxrl.config.checks import sequence_capacity
 from jaxrl.train.memory_step import GiB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,8 +70,8 @@ def max_seq_len(cfg, prompt_len: int | None) -> tuple[int, str]:
             raise ConfigError(f"cannot measure the prompts here ({type(e).__name__}: {e}); pass "
                               "--prompt-len N (the longest prompt in tokens)") from None
         how = f"longest of 64 held-out prompts {prompt_len}"
-    sized = int(prompt_len * 1.5) + 8
-    return sized + new, f"{how} x 1.5 + 8 = {sized}, + {new} new tokens"
+    total = sequence_capacity(prompt_len, new)
+    return total, f"{how} x 1.5 + 8 = {total - new}, + {new} new tokens"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,7 @@ def test_kl_coef_runs_against_a_frozen_reference(tmp_path):
 
 
 def test_cross_section_checks_name_the_keys_and_the_fix():
-    with pytest.raises(ConfigError, match=r"train.total_steps=10 .* pipeline.steps=40.*"
+    with pytest.raises(ConfigError, match=r"train.total_steps=10 .*pipeline.steps=40.*"
                                           r"--train.total_steps=40"):
         RunConfig(train=TrainConfig(schedule="cosine", total_steps=10))
     with pytest.raises(ConfigError, match=r"train.micro_batches=128 .* rollouts per step"):
@@ -114,3 +114,14 @@ def test_mid_run_evaluation_uses_the_run_engine_and_one_schema(tmp_path, monkeyp
     assert {"eval/pass@1", "eval/prompts", "eval/reward_errors", "eval/time_s"} <= schema
     for row in rows:  # steps 0 and 1 mid-run, step 2 the end evaluation
         assert {k for k in row if k.startswith("eval/")} == schema, row["step"]
+
+
+def test_a_run_that_does_not_fit_stops_before_any_work(tmp_path):
+    cfg = tiny_run_config(tmp_path, mesh=dict(memory_budget_gib=0.0001))
+    with pytest.raises(ConfigError, match=r"(?s)the run does not fit in device memory:.*"
+                                          r"settings that would make it fit"):
+        jaxrl.run.run(cfg, progress=False)
+    assert not (tmp_path / "runs" / "t" / "checkpoints").exists()
+    warn = tiny_run_config(tmp_path, name="w", pipeline=dict(steps=1),
+                           mesh=dict(memory_budget_gib=0.0001, memory_check="warn"))
+    assert len(jaxrl.run.run(warn, progress=False, evaluate=False).history) == 1
