@@ -191,7 +191,7 @@ def test_engine_from_generate_config(model):
 def test_bad_arguments_name_the_value():
     with pytest.raises(ValueError, match="n must be an integer >= 1, got 0"):
         SamplingParams(n=0)
-    with pytest.raises(TypeError, match="list of token-id lists"):
+    with pytest.raises(TypeError, match="text prompts need a tokenizer"):  # ids or a tokenizer
         sample(None, "hello", SamplingParams())
     with pytest.raises(ValueError, match="num_slots must be an integer >= 1, got 0"):
         JaxEngine(create_model(tiny_model_config()), num_slots=0, max_len=8)
