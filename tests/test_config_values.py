@@ -34,3 +34,14 @@ def test_a_bad_byte_names_file_and_line_and_can_be_skipped(tmp_path):
         load_records([path])
     src = load_records([path], skip_bad_records=True)
     assert [r["prompt"] for r in src] == ["a", "c"] and src.bad_records == 1
+
+
+def test_override_order_does_not_matter_for_checks_across_keys():
+    """Cross-key checks run once every override is applied (`--pipeline.steps=2000` before
+    `--train.total_steps=2000` with a cosine schedule used to fail on the first one)."""
+    ovr = ["--train.schedule=cosine", "--pipeline.steps=2000", "--train.total_steps=2000"]
+    assert apply_overrides(RunConfig(), ovr).train.total_steps == 2000
+    cfg = apply_overrides(RunConfig(), ["--data.task=records", "--data.paths=a.jsonl"])
+    assert cfg.data.task == "records"
+    with pytest.raises(ConfigError, match="reads data.paths"):
+        apply_overrides(RunConfig(), ["--data.task=records"])

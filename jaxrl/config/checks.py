@@ -7,8 +7,10 @@ Each failure names every key involved and how to fix it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import threading
 from pathlib import Path
 
 from jaxrl.config.base import ConfigError
@@ -25,9 +27,30 @@ def check_finite(obj, prefix: str = "") -> None:
                               "number")
 
 
+_DEFER = threading.local()
+
+
+@contextlib.contextmanager
+def deferred():
+    """Inside: `RunConfig` skips these checks (overrides are applied one at a time, and a later
+    one may fix what an earlier one alone breaks); the caller runs `check_run` at the end."""
+    _DEFER.depth = getattr(_DEFER, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _DEFER.depth -= 1
+
+
+def checks_deferred() -> bool:
+    return getattr(_DEFER, "depth", 0) > 0
+
+
 def check_run(cfg) -> None:
     """Everything that can be checked from the config alone."""
     check_finite(cfg)
+    if cfg.data.task == "records" and not (cfg.data.paths or cfg.data.hf_dataset):
+        raise ConfigError("data.task='records' reads data.paths (JSONL / Parquet) or "
+                          "data.hf_dataset (a saved `datasets` directory or a Hub id); set one")
     if (not cfg.name or cfg.name in (".", "..") or "/" in cfg.name or "\\" in cfg.name
             or "\0" in cfg.name):
         raise ConfigError(f"name={cfg.name!r} is not valid; it must be a single path component "

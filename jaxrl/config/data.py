@@ -161,10 +161,6 @@ class DataConfig:
             v = getattr(self, name)
             if v is not None:
                 _check("data", name, lo <= v <= hi, v, f"None (from difficulty) or in {lo}..{hi}")
-        if self.task == "records" and not (self.paths or self.hf_dataset):
-            raise DataConfigError("data.task='records' reads data.paths (JSONL / Parquet) or "
-                                  "data.hf_dataset (a saved `datasets` directory or a Hub id); "
-                                  "set one")
         if self.skip_solved or self.skip_unsolved:
             _check("data", "solve_rate_min_samples", self.solve_rate_min_samples >= 1,
                    self.solve_rate_min_samples, ">= 1")

@@ -138,10 +138,15 @@ def split_overrides(cfg: Any, items: list[str]) -> list[tuple[str, str]]:
 
 
 def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
-    """Apply `--a.b=c` / `--a.b c` (or `a.b=c`) overrides in order."""
-    for key, text in split_overrides(cfg, list(overrides)):
-        cfg = apply_override(cfg, key, text)
-    return cfg
+    """Apply `--a.b=c` / `--a.b c` (or `a.b=c`) overrides in order; checks that span sections
+    run once all are applied (so their order does not matter)."""
+    from jaxrl.config.checks import deferred
+
+    with deferred():
+        for key, text in split_overrides(cfg, list(overrides)):
+            cfg = apply_override(cfg, key, text)
+    validate = getattr(cfg, "validate", None)
+    return validate() if callable(validate) else cfg
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Any:

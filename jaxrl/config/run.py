@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from jaxrl.config.checks import check_run
+from jaxrl.config.checks import check_run, checks_deferred
 from jaxrl.config.data import DataConfig
 from jaxrl.config.sections import (
     DistConfig,
@@ -39,7 +39,13 @@ class RunConfig:
     dist: DistConfig = dataclasses.field(default_factory=DistConfig)
 
     def __post_init__(self):
+        if not checks_deferred():
+            check_run(self)
+
+    def validate(self) -> RunConfig:
+        """The checks that span sections (`jaxrl.config.checks`); returns self."""
         check_run(self)
+        return self
 
     @property
     def path(self) -> Path:

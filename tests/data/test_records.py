@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jaxrl.config import ConfigError, DataConfig
+from jaxrl.config import ConfigError, DataConfig, RunConfig
 from jaxrl.data.sources import RecordError
 from jaxrl.data.tasks import build_task
 
@@ -46,7 +46,7 @@ def test_bad_records_and_settings_name_the_fix(tmp_path):
         build_task(DataConfig(task="records", paths=(path,), eval_size=1,
                               prompt_template="{question}")).source("train")
     with pytest.raises(ConfigError, match="reads data.paths .* or data.hf_dataset"):
-        DataConfig(task="records")
+        RunConfig(data=DataConfig(task="records"))
 
 
 def test_a_saved_hugging_face_dataset(tmp_path):
