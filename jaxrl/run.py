@@ -150,7 +150,8 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
                         publish=learner.publish, trace=trace)
     evals, advice = {"start": {}, "end": {}}, []
 
-    def save_checkpoint(steps_done: int, row: dict) -> None:
+    def save_checkpoint(steps_done: int, row: dict) -> None:  # registered last: completes the row
+        learner.complete_row()
         data_states.share()
         ckpt.save(trainer.state, step=steps_done)
 
@@ -172,7 +173,6 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     logger.log_config(dataclasses.asdict(cfg))
     evaluator.progress = progress
     learner.add_hook(planner_feedback, every=0, on="row")
-    learner.add_hook(save_checkpoint, every=cfg.train.checkpoint_every, at_end=True)
     if do_eval:
         if cfg.data.eval_every:
             learner.add_hook(evaluate_mid_run, every=cfg.data.eval_every)
@@ -180,6 +180,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
         if start_step == 0:
             evals["start"] = evaluator(0)
             log.info("eval before RL: %s", build.fmt_metrics(evals["start"]))
+    learner.add_hook(save_checkpoint, every=cfg.train.checkpoint_every, at_end=True)
     pipeline.run(start_step=start_step, num_steps=total,
                  initial_params=trainer.state.params, on_step=learner.on_step)
     # 6. the end

@@ -53,11 +53,16 @@ def main(argv: list[str]) -> int:
     progress.set_enabled(not args.quiet)
     import jaxrl.run
 
+    stop_on_sigterm()
     try:
         jaxrl.run.run(cfg, resume=args.resume, progress=not args.quiet)
     except ConfigError as e:  # checks that need the devices or the data (after JAX started)
         print(f"error: {e}", file=sys.stderr)
         return _leave(2)
+    except Terminated:
+        print("terminated (SIGTERM): stopped cleanly, the last checkpoint kept; continue with "
+              "--resume", file=sys.stderr)
+        return _leave(143)
     except KeyboardInterrupt:
         print("interrupted: stopped cleanly; continue with --resume", file=sys.stderr)
         return _leave(130)
@@ -67,6 +72,22 @@ def main(argv: list[str]) -> int:
             _leave(1)
         raise
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a preemption notice): the run stops the way Ctrl-C stops it."""
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM stops the run like Ctrl-C (threads, sandboxes and the checkpointer closed; exit
+    143); a second SIGTERM exits at once."""
+    import signal
+
+    def first(signum, frame):
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, first)
 
 
 def _multi_process() -> bool:

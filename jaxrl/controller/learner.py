@@ -49,6 +49,7 @@ class Learner:
         self.row_metrics = row_metrics
         self.constants = dict(constants or {})
         self.hooks: list[Hook] = []
+        self._ending = False  # inside finish(): row hooks run as end hooks
         self._prev: dict | None = None  # trainer metrics of the step before the current one
         self._pending: tuple[int, dict] | None = None  # (step, row) waiting for those metrics
 
@@ -68,7 +69,20 @@ class Learner:
     def _complete(self, *, end: bool = False) -> None:
         step, row = self._pending
         self._pending = None
-        self._run_hooks("row", step + 1, step, row, end=end)
+        self._run_hooks("row", step + 1, step, row, end=end or self._ending)
+
+    def complete_row(self) -> None:
+        """Finish the pending row now (waits for the update in flight): a checkpoint hook calls
+        it, so that every row before the checkpoint's step is written before the checkpoint
+        (a stop between the two would otherwise lose that row on resume). Register such a hook
+        after the hooks that add to the row."""
+        if self._pending is None:
+            return
+        last = self.trainer.flush()
+        if last is not None:
+            self._pending[1].update(last)
+        self._prev = None
+        self._complete()
 
     # ---------------------------------------------------------------- pipeline callbacks
 
@@ -117,5 +131,7 @@ class Learner:
         row = self._pending[1]
         if last is not None:
             row.update(last)
+        self._ending = True
         self._run_hooks("step", steps_done, steps_done, row, end=True)
-        self._complete(end=True)
+        if self._pending is not None:  # a hook may have completed it (complete_row)
+            self._complete(end=True)
