@@ -182,6 +182,14 @@ def _emulate_prompt_shards(n: int) -> None:
         def __iter__(self):
             return self
 
+        def batches_left(self):
+            left = [it.batches_left() for it in self.its]
+            return None if None in left else min(left)
+
+        @property
+        def shard_size(self):
+            return sum(it.shard_size for it in self.its)
+
         def __next__(self):
             return [r for it in self.its for r in next(it)]
 

@@ -340,7 +340,14 @@ def test_slot_retired_when_the_wipe_fails(monkeypatch):
     entry is made by the host in a read-only (to the zygote) directory it is told to wipe."""
     if os.geteuid() != 0:
         pytest.skip("needs tier B's private read-only mounts (root)")
-    stuck_dir = os.path.join(os.getcwd(), f".jaxrl-stuck-{os.getpid()}")
+    # on a host filesystem the zygote sees read-only: not under /tmp (tier B gives the zygote a
+    # private /tmp, so a checkout under /tmp would not do) nor a 0700 directory such as /root
+    parent = next((d for d in ("/srv", "/opt", "/var/lib", os.getcwd())
+                   if os.path.isdir(d) and os.access(d, os.W_OK)
+                   and os.stat(d).st_mode & 0o005 == 0o005), None)
+    if parent is None or parent.startswith(("/tmp", "/var/tmp", "/dev/shm")):
+        pytest.skip("no host directory outside /tmp that the zygote can read")
+    stuck_dir = os.path.join(parent, f".jaxrl-stuck-{os.getpid()}")
     os.mkdir(stuck_dir)
     real = pool_mod.zygote_command
 
