@@ -151,6 +151,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     evals, advice = {"start": {}, "end": {}}, []
 
     def save_checkpoint(steps_done: int, row: dict) -> None:  # registered last: completes the row
+        ckpt.wait()  # the previous checkpoint is complete before later rows are written
         learner.complete_row()
         data_states.share()
         ckpt.save(trainer.state, step=steps_done)

@@ -63,6 +63,8 @@ class Learner:
 
     def _run_hooks(self, on: str, n: int, arg: int, row: dict, *, end: bool) -> None:
         for hook in self.hooks:
+            if not end and hook.at_end and n == self.cfg.steps:
+                continue  # due at the last step too: it runs once, at the end
             if hook.on == on and hook.due(n, end=end):
                 hook.fn(arg, row)
 
