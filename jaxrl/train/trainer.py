@@ -8,11 +8,17 @@
 needs them (`prepare`), dispatches the jitted update, then reads the previous step's metrics --
 the host never waits on the step it just dispatched. A NaN/Inf loss or gradient stops the run
 (`NonFiniteError`) unless `train.nan_policy="skip"`; the bad update is never applied either way.
+
+`train/step_s` is the trainer's own time: from dispatch (or the previous step's completion, if
+later) to the moment the step's outputs were ready, recorded by a thread that waits for them
+(`_Completion`) -- not to the moment the host read them, which in `sync` mode comes after the
+next batch's generation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import jax
@@ -51,6 +57,29 @@ def frozen_copy(params: dict, shardings, dtype: str | None = None) -> dict:
         lambda x: x.astype(dtype or x.dtype) if jnp.issubdtype(x.dtype, jnp.floating)
         else x + 0, p))
     return cast(placed)
+
+
+class _Completion:
+    """When a step's outputs became ready on the device: a short-lived thread waits for them
+    (JAX releases the GIL while it waits) and records the time, so the host that dispatched the
+    step never blocks on it."""
+
+    def __init__(self, outputs):
+        self._time: float | None = None
+        self._thread = threading.Thread(target=self._wait, args=(outputs,), daemon=True,
+                                        name="jaxrl-step-clock")
+        self._thread.start()
+
+    def _wait(self, outputs) -> None:
+        try:
+            jax.block_until_ready(outputs)
+        except Exception:  # noqa: BLE001 -- the host's read of the same outputs raises it
+            pass
+        self._time = time.perf_counter()
+
+    def time(self) -> float:
+        self._thread.join()
+        return self._time
 
 
 def tree_bytes(tree) -> int:
@@ -143,7 +172,8 @@ class Trainer:
         else:
             metrics = self._several_updates(batch, dev_batch, seed_step)
         previous = self._read_pending()
-        self._pending = (metrics, t_dispatch, real_tokens * self.cfg.epochs, dev_batch.shape[1])
+        self._pending = (metrics, t_dispatch, _Completion(metrics),
+                         real_tokens * self.cfg.epochs, dev_batch.shape[1])
         return previous
 
     def _several_updates(self, host: Batch, full: Batch, seed_step: int) -> list:
@@ -172,17 +202,18 @@ class Trainer:
     def _read_pending(self) -> dict | None:
         if self._pending is None:
             return None
-        metrics, t_dispatch, tokens, length = self._pending
+        metrics, t_dispatch, completion, tokens, length = self._pending
         per_update = [{k: float(v) for k, v in m.items()} for m in jax.device_get(metrics)]
         self.last_updates = per_update  # each update's metrics of the batch just read
         host = per_update[0] if len(per_update) == 1 else combine_update_metrics(per_update)
-        done = time.perf_counter()
+        done = completion.time()
+        # dispatched while the previous step still ran: its compute began when that one ended
         start = t_dispatch if self._last_done is None else max(t_dispatch, self._last_done)
         seconds = done - start
         host["train/step_s"] = seconds
         host["train/tokens_per_s"] = tokens / max(seconds, 1e-9)
         host["train/mfu"] = self.mfu(tokens, length, seconds)  # may measure the peak once
-        self._last_done = time.perf_counter()
+        self._last_done = done
         if host["train/nonfinite"] and self.cfg.nan_policy == "stop":
             raise NonFiniteError(
                 f"non-finite loss or gradient at step {int(host['train/step']) + 1} "
