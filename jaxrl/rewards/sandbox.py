@@ -140,6 +140,7 @@ class Zygote:
         parent = os.path.dirname(cfg["jobdir"])  # a job of our uid may lock it too
         self.meta = {d: _meta(d) for d in (*self.scratch, parent) if os.path.isdir(d)}
         self.leftovers: list[str] = []
+        self.sessions = None  # the open session's host, once a session op arrived
         # Made once here, used by every child after its dup2s (the zygote never writes to them).
         self.stdio = (open(0, encoding="utf-8", errors="replace", closefd=False),
                       open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False),
@@ -163,6 +164,11 @@ class Zygote:
             except EOFError:
                 return
             t_recv = _now()
+            if "session" in spec:  # a stateful session (sandbox_session.py); same isolation
+                write_frame(1, self.session_op(spec))
+                if self.leftovers:
+                    return
+                continue
             self.mtimes = [_mtime(d) for d in self.owned_dirs]
             status, code, t_start, t_end, out, err = self.run_job(spec)
             left = self.leftovers
@@ -173,6 +179,15 @@ class Zygote:
             if left:  # the pool replaces us: a fresh zygote, fresh scratch space
                 _try_write(2, f"sandbox: retiring; the wipe left {left[:3]}\n".encode())
                 return
+
+    def session_op(self, spec: dict) -> bytes:
+        if self.sessions is None:
+            import importlib  # not an import statement: sandbox_session needs this module
+
+            ss = importlib.import_module(f"{__package__}.sandbox_session" if __package__
+                                         else "sandbox_session")
+            self.sessions = ss.SessionHost(self, sys.modules[__name__])
+        return self.sessions.handle(spec)
 
     def owner_gone(self, *_) -> None:
         """The pool's owner died (parent-death signal, or the command pipe closed mid-job)."""
@@ -366,7 +381,9 @@ class Zygote:
         return left
 
     # -- the job process
-    def child(self, spec, jobdir, out_w, err_w):
+    def child(self, spec, jobdir, out_w, err_w, extra_fds=(), body=None):
+        """The job process: limits, uid, stdio, then `spec["code"]` (or `body()`, a session's
+        loop, with `extra_fds` as fds 3, 4, ...)."""
         code = 1
         try:
             self.signal.signal(self.signal.SIGTERM, self.signal.SIG_DFL)
@@ -402,12 +419,13 @@ class Zygote:
             if spec["stdin"]:
                 os.write(stdin, spec["stdin"])
                 os.lseek(stdin, 0, os.SEEK_SET)
-            for src, dst in ((stdin, 0), (out_w, 1), (err_w, 2)):
+            high = [kernel.dup_above(fd, 64) for fd in extra_fds]  # out of the dup2s' way
+            for src, dst in ((stdin, 0), (out_w, 1), (err_w, 2), *zip(high, (3, 4), strict=False)):
                 os.dup2(src, dst, inheritable=True)
             os.set_blocking(1, True)
             os.set_blocking(2, True)
             keep = self.PREFIX_FD if self.cfg.get("prefix_fd_path") else None
-            os.closerange(3, keep or 65536)
+            os.closerange(3 + len(high), keep or 65536)
             if keep:
                 os.closerange(keep + 1, 65536)
             sys.stdin, sys.stdout, sys.stderr = self.stdio
@@ -415,10 +433,13 @@ class Zygote:
             self.gc.enable()
             struct.pack_into("d", self.started, 0, _now())
             self.started.close()
-            # Compiled here, under the job's limits: a source that is costly to compile (e.g.
-            # 3 MB of list literal: ~1 GB) is the job's problem, not the zygote's.
-            compiled = compile(spec["code"], "<job>", "exec", dont_inherit=True)
-            exec(compiled, {"__name__": "__main__", "__builtins__": __builtins__})
+            if body is not None:
+                body()
+            else:
+                # Compiled here, under the job's limits: a source that is costly to compile
+                # (e.g. 3 MB of list literal: ~1 GB) is the job's problem, not the zygote's.
+                compiled = compile(spec["code"], "<job>", "exec", dont_inherit=True)
+                exec(compiled, {"__name__": "__main__", "__builtins__": __builtins__})
             code = 0
         except SystemExit as e:
             code = _exit_code(e.code)
@@ -522,7 +543,7 @@ def zygote_program() -> str:
     if not _PROGRAM:
         here = os.path.dirname(os.path.abspath(__file__))
         srcs = []
-        for name in ("sandbox_kernel", "sandbox"):
+        for name in ("sandbox_kernel", "sandbox", "sandbox_session"):
             with open(os.path.join(here, name + ".py"), encoding="utf-8") as f:
                 srcs.append((name, f.read()))
         _PROGRAM.append("import sys, types\n"

@@ -6,6 +6,7 @@ module `sandbox_kernel` before `sandbox.py` (see `sandbox.zygote_program`), so n
 import jaxrl, jax or numpy.
 """
 
+import fcntl
 import os
 import struct
 
@@ -120,6 +121,13 @@ def _check(rc: int, what: str) -> None:
         ctypes, _ = libc()
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def dup_above(fd: int, lowest: int) -> int:
+    """A duplicate of `fd` numbered `lowest` or more (fcntl F_DUPFD), not inherited."""
+    new = fcntl.fcntl(fd, fcntl.F_DUPFD, lowest)
+    os.set_inheritable(new, False)
+    return new
 
 
 def prctl(option: int, arg: int) -> None:
