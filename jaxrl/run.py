@@ -112,8 +112,8 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     data_states.register(ckpt)
     start_step = 0
     if resume:  # checkpoints are numbered by pipeline steps done
-        start_step = ckpt.latest_step()
-        trainer.replace_state(ckpt.restore(trainer.abstract_state, step=start_step))
+        start_step, state = ckpt.restore_newest(trainer.abstract_state)  # skips damaged ones
+        trainer.replace_state(state)
         if processes.leader:
             build.truncate_metrics(run_dir, start_step)
     data_states.reset()

@@ -4,15 +4,21 @@
     ckpt.register("data", get=lambda: it.get_state(), set=it.set_state)   # any JSON-able state
     ckpt.maybe_save(trainer.state, step=s)  # every `every` steps, asynchronous
     state = ckpt.restore(abstract_state)    # latest; shardings taken from `abstract_state`
+    step, state = ckpt.restore_newest(abstract_state)  # the newest complete one (--resume)
 
 Saving is asynchronous: the arrays are copied off the devices, then written in the background
 while training continues (`wait()` blocks until written). Restore reads each array straight into
 the sharding of the given abstract state, so a checkpoint written from one trainer-mesh shape
-restores onto another. `export_hf` writes the policy as a Hugging Face directory.
+restores onto another. Each step is sealed with a record of its files' sizes and checksums
+before orbax gives it its final name (`checkpoint_integrity`); `restore_newest` skips a damaged
+step, says why, and moves it aside to `<run>/damaged_checkpoints/`. `export_hf` writes the
+policy as a Hugging Face directory.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +26,15 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from jaxrl.config import ConfigError
+from jaxrl.train import checkpoint_integrity as integrity
 from jaxrl.train.state import TrainState
+
+log = logging.getLogger("jaxrl")
+
+
+class CheckpointError(ConfigError):
+    """No checkpoint of a run can be restored; the message says why for each."""
 
 
 class Checkpointer:
@@ -29,10 +43,14 @@ class Checkpointer:
             raise ValueError(f"checkpoint every must be >= 0 and keep >= 1; got {every}, {keep}")
         self.directory = Path(directory).absolute()
         self.every = every
+        self._use_async = use_async
+        self._sealing: int | None = None  # the step being saved, sealed before its rename
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             save_interval_steps=max(every, 1),
             enable_async_checkpointing=use_async,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal)
+            if use_async else None,
             create=True,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
@@ -60,7 +78,20 @@ class Checkpointer:
             return False
         if step in self._manager.all_steps():
             return False
-        return self._manager.save(step, args=self._save_args(state), force=True)
+        self._manager.wait_until_finished()  # one save in flight: `_seal` knows which
+        self._sealing = step
+        saved = self._manager.save(step, args=self._save_args(state), force=True)
+        if saved and not self._use_async:
+            self._seal()
+        return saved
+
+    def _seal(self) -> None:
+        """Orbax's thread (process 0), every file of the step written, before the rename."""
+        if jax.process_index() != 0 or self._sealing is None:
+            return
+        step, self._sealing = self._sealing, None
+        tmp = sorted(self.directory.glob(f"{step}.orbax-checkpoint-tmp*"))
+        integrity.seal(tmp[-1] if tmp else self.directory / str(step))
 
     def save(self, state: TrainState, *, step: int | None = None) -> bool:
         return self.maybe_save(state, step=step, force=True)
@@ -89,6 +120,46 @@ class Checkpointer:
                 raise KeyError(f"checkpoint step {step} has no extra {name!r}; has {sorted(extra)}")
             setter(extra[name])
         return out["state"]
+
+    def restore_newest(self, abstract_state: TrainState) -> tuple[int, TrainState]:
+        """(step, state) of the newest checkpoint that is complete and loads; newer ones that
+        do not are reported and moved aside (so this run can save those steps again)."""
+        self.wait()
+        skipped: list[tuple[int, str]] = []
+        for step in reversed(self.all_steps()):
+            reason = integrity.problem(self.directory / str(step), self._extras)
+            if reason is None:
+                try:
+                    state = self.restore(abstract_state, step=step)
+                except Exception as e:  # noqa: BLE001 - any failure to load disqualifies it
+                    reason = f"it does not load: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                else:
+                    self._set_aside(skipped)
+                    return step, state
+            log.warning("checkpoint step %d skipped: %s", step, reason)
+            skipped.append((step, reason))
+        found = "; ".join(f"step {s}: {r}" for s, r in skipped) or "none found"
+        raise CheckpointError(
+            f"no usable checkpoint in {self.directory} ({found}); nothing was changed: restore "
+            f"the files, or start a new run (another --name, or move the run directory aside)")
+
+    def _set_aside(self, skipped: list[tuple[int, str]]) -> None:
+        if not skipped:
+            return
+        if jax.process_index() == 0:
+            aside = self.directory.parent / "damaged_checkpoints"
+            aside.mkdir(exist_ok=True)
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            for step, reason in skipped:
+                target = aside / f"{step}-{stamp}"
+                (self.directory / str(step)).rename(target)
+                (target / "why.txt").write_text(reason + "\n")
+                log.warning("moved the damaged checkpoint step %d to %s", step, target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("jaxrl: damaged checkpoints moved aside")
+        self._manager.reload()
 
     def wait(self) -> None:
         self._manager.wait_until_finished()
