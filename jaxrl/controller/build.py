@@ -11,14 +11,15 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl.config import ConfigError, RunConfig, to_dict
-from jaxrl.controller.metrics import read_metrics
+from jaxrl.controller.metrics import read_metrics, set_aside_logs
 from jaxrl.rounding import next_power_of_two, round_up
 
 log = logging.getLogger("jaxrl")
 
 
 def prepare_run_dir(cfg: RunConfig, resume: bool, *, leader: bool) -> Path:
-    """The run directory: new (config.json written), or one with checkpoints for `--resume`."""
+    """The run directory: new (config.json written), or one with checkpoints for `--resume`. A
+    directory without a committed checkpoint is started afresh, its old logs moved aside."""
     run_dir = cfg.path
     if not leader:
         return run_dir
@@ -32,6 +33,10 @@ def prepare_run_dir(cfg: RunConfig, resume: bool, *, leader: bool) -> Path:
         raise ConfigError(f"--resume: no checkpoint under {ckpt}")
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
+        aside = set_aside_logs(run_dir)  # an earlier attempt stopped before its first checkpoint
+        if aside is not None:
+            log.warning("%s had logs but no checkpoint: moved them to %s; starting fresh",
+                        run_dir, aside)
         (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str))
     return run_dir
 

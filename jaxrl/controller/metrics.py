@@ -3,15 +3,20 @@ summary; sample completions (`samples.jsonl` + TensorBoard text) and the run con
 text).
 
 Metric names are stable (docs/metrics.md defines each). Only process 0 writes (`enabled=False`
-elsewhere). Lines are flushed every step, so a crash or Ctrl-C loses nothing already logged;
-on resume the file is appended to and steps continue from the checkpoint. The progress display
+elsewhere). Each row is one unbuffered append of the whole line, so a crash or Ctrl-C loses
+nothing already logged; a write that fails (ENOSPC or any OSError) cuts the file back to its
+last complete line before the error goes on. On resume the file is appended to and steps
+continue from the checkpoint; a rerun without a checkpoint first moves the old logs aside
+(`set_aside_logs`). The progress display
 names each step by the number metrics.jsonl gives it (0-based) and counts steps done beside it.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -79,7 +84,7 @@ class MetricsLogger:
         self._samples = None
         if enabled:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+            self._file = open(self.run_dir / "metrics.jsonl", "ab", buffering=0)
             if tensorboard:
                 from tensorboardX import SummaryWriter
 
@@ -91,7 +96,7 @@ class MetricsLogger:
         self.history.append(row)
         if not self.enabled:
             return row
-        self._file.write(json.dumps(row) + "\n")
+        append_whole(self._file, json.dumps(row) + "\n")
         if self._tb is not None:
             for k, v in row.items():
                 if k not in ("step", "time") and isinstance(v, (int, float)):
@@ -129,10 +134,10 @@ class MetricsLogger:
         if not self.enabled or not samples or every <= 0 or (step + 1) % every:
             return
         if self._samples is None:
-            self._samples = open(self.run_dir / "samples.jsonl", "a", buffering=1)
-        for s in samples:
-            self._samples.write(json.dumps({"step": int(step), **{k: _plain(v) for k, v in
-                                                                   s.items()}}) + "\n")
+            self._samples = open(self.run_dir / "samples.jsonl", "ab", buffering=0)
+        append_whole(self._samples, "".join(
+            json.dumps({"step": int(step), **{k: _plain(v) for k, v in s.items()}}) + "\n"
+            for s in samples))
         if self._tb is not None:
             parts = []
             for i, s in enumerate(samples):
@@ -176,6 +181,51 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def append_whole(file, text: str) -> None:
+    """Append `text` (whole lines) to `file` (opened "ab", unbuffered) in one write; when the
+    write fails or is cut short, truncate back to where it started and raise, so no torn line
+    is left behind (a full disk stops the run with the rows before it intact)."""
+    data = text.encode()
+    fd = file.fileno()
+    start = os.fstat(fd).st_size
+    try:
+        done = os.write(fd, data)
+        while done < len(data):  # a short write: the rest, or the error that cut it short
+            written = os.write(fd, data[done:])
+            if written == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            done += written
+    except OSError as e:
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass
+        raise OSError(e.errno, f"could not append to {file.name} ({e.strerror or e}); it "
+                               f"ends at its last complete line") from e
+
+
+# What a run directory logs; a rerun without a checkpoint moves them aside (`set_aside_logs`).
+LOG_NAMES = ("metrics.jsonl", "samples.jsonl", "trace.json", "tb", "config.json", "checkpoints")
+
+
+def set_aside_logs(run_dir: str | Path) -> Path | None:
+    """Move the logs of an earlier attempt (a run directory without a committed checkpoint) into
+    `run_dir/previous-<date>-<time>/` so the new run starts fresh logs; returns that folder."""
+    run_dir = Path(run_dir)
+    present = [run_dir / name for name in LOG_NAMES if (run_dir / name).exists()]
+    if not present:
+        return None
+    aside = run_dir / time.strftime("previous-%Y%m%d-%H%M%S")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = run_dir / time.strftime(f"previous-%Y%m%d-%H%M%S-{n}")
+    aside.mkdir()
+    for path in present:
+        path.rename(aside / path.name)
+    return aside
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
