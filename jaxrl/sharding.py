@@ -41,6 +41,7 @@ LOGICAL_AXIS_RULES: dict[str, dict[str, str | None]] = {
         "mlp": "tp",
         "norm": None,
         "layers": None,
+        "lora_rank": None,
     },
     "generator": {
         "batch": "dp",
@@ -54,6 +55,7 @@ LOGICAL_AXIS_RULES: dict[str, dict[str, str | None]] = {
         "mlp": "tp",
         "norm": None,
         "layers": None,
+        "lora_rank": None,
     },
 }
 

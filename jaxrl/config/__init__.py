@@ -29,7 +29,9 @@ from jaxrl.config.sections import (
     AttentionImpl,
     DistConfig,
     GenerateConfig,
+    LORA_TARGETS,
     KVLayout,
+    LoraConfig,
     MeshConfig,
     ModelConfig,
     PipelineConfig,
@@ -41,7 +43,7 @@ from jaxrl.config.sections import (
 from jaxrl.config.train import TrainConfig
 
 __all__ = [
-    "PIPELINE_MODES", "Architecture", "AttentionImpl", "ConfigError", "KVLayout",
+    "PIPELINE_MODES", "Architecture", "AttentionImpl", "ConfigError", "KVLayout", "LORA_TARGETS", "LoraConfig",
     "DTypeName", "DataConfig", "DataConfigError", "DistConfig",
     "GenerateConfig", "MeshConfig", "ModelConfig", "PipelineConfig", "PipelineMode",
     "RewardsConfig", "RopeScaling", "RunConfig", "SFTConfig", "TrainConfig", "ahead_for",

@@ -7,6 +7,7 @@ is allowed. No JAX imports.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Literal
 
@@ -22,6 +23,9 @@ from jaxrl.dtypes import canonical_dtype
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
 Architecture = Literal["llama", "qwen2", "qwen3"]
 KVLayout = Literal["contiguous", "paged"]
+LoraTarget = Literal["q", "k", "v", "o", "gate", "up", "down"]
+LoraGenerator = Literal["merge", "forward"]
+LORA_TARGETS: tuple[str, ...] = typing.get_args(LoraTarget)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +36,48 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters on the named projections (`rank=0`: off, every weight trains).
+
+    Close to PEFT's `LoraConfig`: `rank` is `r`, `alpha` is `lora_alpha`, `targets` are the
+    `target_modules` (q/k/v/o_proj of attention, gate/up/down_proj of the MLP); the update is
+    scaled by `alpha / rank` (`alpha / sqrt(rank)` with `rslora`). Adapters and their optimiser
+    state are float32 whatever the base's dtype. `generator`: how the generator applies them --
+    "merge" folds `W + s A B` into its own copy of the base after each sync (decode runs the
+    plain model), "forward" adds `s (x A) B` in every forward pass (no second copy of the
+    targeted weights). Dropout is not offered: it would make the trainer's logprobs differ from
+    the generator's behaviour logprobs.
+    """
+
+    rank: int = 0
+    alpha: float = 16.0
+    targets: tuple[LoraTarget, ...] = LORA_TARGETS
+    rslora: bool = False
+    generator: LoraGenerator = "merge"
+
+    def __post_init__(self):
+        object.__setattr__(self, "targets", tuple(self.targets))
+        validate_literals(self)
+        if self.rank < 0:
+            raise ConfigError(f"model.lora.rank must be >= 0 (0 turns LoRA off), got {self.rank}")
+        if not math.isfinite(self.alpha) or self.alpha <= 0:
+            raise ConfigError(f"model.lora.alpha must be a finite number > 0, got {self.alpha}")
+        bad = [t for t in self.targets if t not in LORA_TARGETS]
+        if bad or not self.targets or len(set(self.targets)) != len(self.targets):
+            raise ConfigError(
+                f"model.lora.targets must be distinct names from {list(LORA_TARGETS)}, got "
+                f"{list(self.targets)}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +104,7 @@ class ModelConfig:
     param_dtype: DTypeName = "float32"  # storage dtype
     attention_impl: AttentionImpl = "auto"
     remat: bool = False  # rematerialise each decoder layer in the backward pass
+    lora: LoraConfig = LoraConfig()  # low-rank adapters (rank 0: off)
 
     def __post_init__(self):
         for name in ("dtype", "param_dtype"):  # jnp.bfloat16, np.float32, "bfloat16", ...
@@ -159,6 +206,9 @@ class GenerateConfig:
     temperature: float = 1.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
+    # rollouts: no EOS / stop id before this many new tokens (their logits are -inf there)
+    min_tokens: int = 0
+    ignore_eos: bool = False  # rollouts run on through EOS to data.max_new_tokens
     dtype: DTypeName | None = None  # cast weights to this dtype on sync (None: trainer's dtype)
     # KV cache: one [slots, max_len] row per slot, or pages of `page_size` positions read through
     # a page table (paged decode attention; see docs/generate.md)
@@ -175,6 +225,8 @@ class GenerateConfig:
                         page_size=self.page_size)
         if self.max_len < 0:
             raise ConfigError(f"generate.max_len: must be >= 0 (0 = automatic), got {self.max_len}")
+        if self.min_tokens < 0:
+            raise ConfigError(f"generate.min_tokens: must be >= 0, got {self.min_tokens}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ConfigError(
                 f"generate: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl.config import ModelConfig
+from jaxrl.models import lora
 from jaxrl.models.attention import attention, cached_attention
 from jaxrl.models.swiglu import swiglu
 
@@ -151,11 +152,24 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs)
 
+    def add_lora(self, rngs: nnx.Rngs) -> None:
+        cfg = self.cfg
+        e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_size
+        for name, n, axis in (("q", h, "heads"), ("k", k, "kv_heads"), ("v", k, "kv_heads")):
+            lora.add_adapters(self, cfg.lora, name, (e,), ("embed",), (n, d), (axis, "head_dim"),
+                              rngs)
+        lora.add_adapters(self, cfg.lora, "o", (h, d), ("heads", "head_dim"), (e,), ("embed",),
+                          rngs)
+
     def _qkv(self, x_BTE, rope):
-        dt = x_BTE.dtype
+        dt, ad = x_BTE.dtype, self.cfg.lora
         q = jnp.einsum("bte,ehd->bthd", x_BTE, self.q_proj[...].astype(dt))
         k = jnp.einsum("bte,ekd->btkd", x_BTE, self.k_proj[...].astype(dt))
         v = jnp.einsum("bte,ekd->btkd", x_BTE, self.v_proj[...].astype(dt))
+        if ad.enabled:
+            q = q + lora.delta(self, ad, "q", x_BTE, 1)
+            k = k + lora.delta(self, ad, "k", x_BTE, 1)
+            v = v + lora.delta(self, ad, "v", x_BTE, 1)
         if self.cfg.qkv_bias:
             q = q + self.q_bias[...].astype(dt)[None, None]
             k = k + self.k_bias[...].astype(dt)[None, None]
@@ -171,6 +185,8 @@ class Attention(nnx.Module):
 
     def _out(self, out_BTHD, dt):
         out_BTE = jnp.einsum("bthd,hde->bte", out_BTHD, self.o_proj[...].astype(dt))
+        if self.cfg.lora.enabled:
+            out_BTE = out_BTE + lora.delta(self, self.cfg.lora, "o", out_BTHD.astype(dt), 2)
         if self.cfg.o_bias:
             out_BTE = out_BTE + self.o_bias[...].astype(dt)[None, None]
         return out_BTE
@@ -189,11 +205,26 @@ class MLP(nnx.Module):
         self.gate_proj = _param(rngs, (e, f), ("embed", "mlp"), pd, 0.02)
         self.up_proj = _param(rngs, (e, f), ("embed", "mlp"), pd, 0.02)
         self.down_proj = _param(rngs, (f, e), ("mlp", "embed"), pd, 0.02)
+        self.lora = cfg.lora
+        self.sizes = (e, f)
+
+    def add_lora(self, rngs: nnx.Rngs) -> None:
+        e, f = self.sizes
+        for name in ("gate", "up"):
+            lora.add_adapters(self, self.lora, name, (e,), ("embed",), (f,), ("mlp",), rngs)
+        lora.add_adapters(self, self.lora, "down", (f,), ("mlp",), (e,), ("embed",), rngs)
 
     def __call__(self, x_BTE):
         dt = x_BTE.dtype
         w = (self.gate_proj[...], self.up_proj[...], self.down_proj[...])
-        return swiglu(x_BTE, *(p.astype(dt) for p in w))
+        w = tuple(p.astype(dt) for p in w)
+        if not any(t in ("gate", "up", "down") for t in self.lora.targets) or not self.lora.rank:
+            return swiglu(x_BTE, *w)
+        # with adapters: the plain expression (autodiff; the base weights get no gradient)
+        gate_BTF = x_BTE @ w[0] + lora.delta(self, self.lora, "gate", x_BTE, 1)
+        up_BTF = x_BTE @ w[1] + lora.delta(self, self.lora, "up", x_BTE, 1)
+        h_BTF = jax.nn.silu(gate_BTF) * up_BTF
+        return h_BTF @ w[2] + lora.delta(self, self.lora, "down", h_BTF, 1)
 
 
 class DecoderLayer(nnx.Module):
@@ -227,6 +258,11 @@ class Transformer(nnx.Module):
             self.lm_head = _param(
                 rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd, 0.02
             )
+        if cfg.lora.enabled:  # drawn last: the base weights equal those of the plain model
+            adapter_rngs = nnx.Rngs(rngs.params())
+            for layer in self.layers:
+                layer.attn.add_lora(adapter_rngs)
+                layer.mlp.add_lora(adapter_rngs)
 
     def _embed(self, tokens_BT):
         return self.embed[...][tokens_BT].astype(DTYPES[self.cfg.dtype])

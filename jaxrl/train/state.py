@@ -1,7 +1,10 @@
 """`TrainState` (one pytree: params, optimiser state, step, rng) and its sharded creation.
 
 Parameters are a pure nested dict of arrays (`nnx.to_pure_dict` of the model's state), bound to
-the model with `nnx.merge(graphdef, params)` inside the jitted functions. The state is built
+the model with `nnx.merge(graphdef, params)` inside the jitted functions. With LoRA
+(`model.lora.rank > 0`) the state's params are the adapters only; the frozen base lives beside
+the state (`init_frozen`), is never donated or updated, and is joined to the adapters inside the
+step (`jaxrl.models.lora.join`). The state is built
 abstractly first (`jax.eval_shape`), its shardings derived from the logical-axis table
 (`jaxrl.sharding.state_shardings`), then materialised directly into those shardings.
 """
@@ -17,6 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl.config import ModelConfig
+from jaxrl.models import lora
 from jaxrl.models.model import abstract_model
 from jaxrl.models.transformer import Transformer
 from jaxrl.sharding import state_shardings
@@ -75,13 +79,29 @@ def model_graphdef(model_cfg: ModelConfig, train_cfg: TrainConfig):
     return graphdef, abstract
 
 
+def trainable(params: dict, model_cfg: ModelConfig) -> dict:
+    """The part of a full params dict that trains: the adapters with LoRA, else all of it."""
+    return lora.split(params)[1] if model_cfg.lora.enabled else params
+
+
+def frozen_shardings(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh: Mesh):
+    """(abstract frozen base, its NamedShardings) of a LoRA model; (None, None) without LoRA."""
+    if not model_cfg.lora.enabled:
+        return None, None
+    _, abstract_nnx = model_graphdef(model_cfg, train_cfg)
+    shardings = lora.split(nnx.to_pure_dict(state_shardings(abstract_nnx, mesh, "trainer")))[0]
+    abstract = lora.split(nnx.to_pure_dict(abstract_nnx))[0]
+    return abstract, shardings
+
+
 def train_state_shardings(
     model_cfg: ModelConfig, train_cfg: TrainConfig, mesh: Mesh
 ) -> tuple[TrainState, TrainState]:
     """(abstract TrainState, TrainState of NamedShardings) for this mesh; nothing allocated."""
     _, abstract_nnx = model_graphdef(model_cfg, train_cfg)
-    param_sh = nnx.to_pure_dict(state_shardings(abstract_nnx, mesh, "trainer"))
-    abstract_params = nnx.to_pure_dict(abstract_nnx)
+    param_sh = trainable(nnx.to_pure_dict(state_shardings(abstract_nnx, mesh, "trainer")),
+                         model_cfg)
+    abstract_params = trainable(nnx.to_pure_dict(abstract_nnx), model_cfg)
     tx = make_optimizer(train_cfg)
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
     rep = NamedSharding(mesh, PartitionSpec())
@@ -114,7 +134,11 @@ def init_train_state(
     """A fresh TrainState, materialised directly in its trainer-mesh shardings.
 
     `params`: start from these (e.g. loaded weights, any sharding); else a random init with seed
-    `train_cfg.seed`."""
+    `train_cfg.seed`. With LoRA, `params` may hold the base only (fresh adapters are drawn) or
+    the base and adapters (e.g. a loaded PEFT adapter); the state gets the adapters."""
+    if model_cfg.lora.enabled and params is not None:
+        adapters = lora.split(params)[1]
+        params = adapters or None
     _, shardings = train_state_shardings(model_cfg, train_cfg, mesh)
     # the state's structure depends only on these (the optimiser's values live in the step)
     key = (
@@ -132,7 +156,7 @@ def init_train_state(
         def init(p):
             if p is None:
                 model = Transformer(graph_cfg, rngs=nnx.Rngs(train_cfg.seed))
-                p = nnx.to_pure_dict(nnx.state(model))
+                p = trainable(nnx.to_pure_dict(nnx.state(model)), model_cfg)
             key_data = jax.random.key_data(jax.random.key(train_cfg.seed, impl="threefry2x32"))
             zero = jnp.zeros((), jnp.int32)
             return TrainState(
@@ -145,10 +169,31 @@ def init_train_state(
             _INIT[key] = jax.jit(init, out_shardings=shardings)
     if params is None:
         return _INIT[key]()
-    abstract = nnx.to_pure_dict(model_graphdef(model_cfg, train_cfg)[1])
+    abstract = trainable(nnx.to_pure_dict(model_graphdef(model_cfg, train_cfg)[1]), model_cfg)
     params = jax.tree.map(  # e.g. f32 master weights from bf16 checkpoint weights
         lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype), params, abstract)
     return _INIT[key](jax.device_put(params, shardings.params))
+
+
+def init_frozen(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh: Mesh, *,
+                params: dict | None = None) -> dict | None:
+    """The frozen base of a LoRA model on the trainer mesh, in the trainer's param dtype:
+    from `params` (adapters in it are ignored), else the seeded random init (the same weights
+    `init_train_state` draws). None without LoRA."""
+    abstract, shardings = frozen_shardings(model_cfg, train_cfg, mesh)
+    if abstract is None:
+        return None
+    if params is None:
+        graph_cfg = dataclasses.replace(model_cfg, remat=train_cfg.remat == "full")
+        init = lambda: lora.split(nnx.to_pure_dict(nnx.state(
+            Transformer(graph_cfg, rngs=nnx.Rngs(train_cfg.seed)))))[0]
+        return jax.jit(init, out_shardings=shardings)()
+    base = lora.split(params)[0]
+    base = jax.tree.map(lambda x, a: x if x.dtype == a.dtype else x.astype(a.dtype), base,
+                        abstract)
+    # a copy that shares no buffer with `params` (whose owner may donate or drop them)
+    copy = jax.jit(lambda p: jax.tree.map(lambda x: x + 0, p), out_shardings=shardings)
+    return copy(jax.device_put(base, shardings))
 
 
 def params_from_model(model) -> dict:

@@ -21,6 +21,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl.models import lora
 from jaxrl.models.transformer import rope_tables
 from jaxrl.sharding import logical_sharding
 from jaxrl.train.batch import Batch
@@ -31,8 +32,8 @@ from jaxrl.train.state import TrainState, learning_rate_schedule, make_optimizer
 
 
 def _micro_loss(params, mb: Batch, tg: Targets, rope=None, *, graphdef, cfg: TrainConfig,
-                objective: str = "policy"):
-    model = nnx.merge(graphdef, params)
+                objective: str = "policy", frozen=None):
+    model = nnx.merge(graphdef, params if frozen is None else lora.join(frozen, params))
     logp_BT, ent_BT = model_logprobs(model, mb, chunk=cfg.logprob_chunk, remat=cfg.remat,
                                      keep_probs_mb=cfg.lm_head_keep_mb, rope=rope,
                                      entropy_grad=cfg.entropy_coef > 0)
@@ -45,9 +46,11 @@ def _split_micro(x, m: int):
 
 
 def _grads_and_stats(params, batch: Batch, tg: Targets, *, graphdef, cfg: TrainConfig,
-                     objective: str = "policy"):
+                     objective: str = "policy", frozen=None):
+    """Gradients with respect to `params` only (a LoRA base in `frozen` gets none)."""
     grad_fn = jax.value_and_grad(
-        functools.partial(_micro_loss, graphdef=graphdef, cfg=cfg, objective=objective),
+        functools.partial(_micro_loss, graphdef=graphdef, cfg=cfg, objective=objective,
+                          frozen=frozen),
         has_aux=True,
     )
     m = cfg.micro_batches
@@ -56,7 +59,8 @@ def _grads_and_stats(params, batch: Batch, tg: Targets, *, graphdef, cfg: TrainC
         return grads, stats
     per_row = dataclasses.replace(tg, num_tokens=None, num_seqs=None)
     # rotary tables for the whole batch, outside the loop (see `Transformer.hidden`)
-    rope = rope_tables(nnx.merge(graphdef, params).cfg, batch.positions)
+    full = params if frozen is None else lora.join(frozen, params)
+    rope = rope_tables(nnx.merge(graphdef, full).cfg, batch.positions)
     mbs = jax.tree.map(lambda x: _split_micro(x, m), (batch, per_row, rope))
     tok_M = jnp.sum(mbs[1].mask_BT > 0, axis=(1, 2)).astype(jnp.float32)
     frac_M = tok_M / jnp.maximum(tg.num_tokens, 1.0)
@@ -83,15 +87,16 @@ def _grads_and_stats(params, batch: Batch, tg: Targets, *, graphdef, cfg: TrainC
     return grads, stats
 
 
-def train_step(state: TrainState, batch: Batch, *, graphdef, cfg: TrainConfig, tx,
+def train_step(state: TrainState, batch: Batch, frozen=None, *, graphdef, cfg: TrainConfig, tx,
                objective: str = "policy"):
     """One optimiser update from one batch (pure; see the module docstring). `objective` names
-    the loss (`objective.OBJECTIVES`): the RL policy objective, or "sft" for the warm start."""
+    the loss (`objective.OBJECTIVES`): the RL policy objective, or "sft" for the warm start.
+    `frozen`: a LoRA model's base params (`state.params` are then its adapters)."""
     if objective == "policy":
         check_batch_for(cfg, batch)
     tg, stats = OBJECTIVES[objective][0](cfg, batch)
     grads, mstats = _grads_and_stats(state.params, batch, tg, graphdef=graphdef, cfg=cfg,
-                                     objective=objective)
+                                     objective=objective, frozen=frozen)
     stats.update(mstats)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
     grad_norm = optax.global_norm(grads)
@@ -140,7 +145,8 @@ _JITTED: dict = {}
 
 def make_train_step(graphdef, cfg: TrainConfig, mesh: Mesh, state_shardings: TrainState,
                     tx=None, *, objective: str = "policy"):
-    """`step(state, batch) -> (state, metrics)`, jitted with explicit shardings, state donated.
+    """`step(state, batch, frozen=None) -> (state, metrics)`, jitted with explicit shardings,
+    state donated (`frozen`, a LoRA model's base, is not).
 
     One jitted function per batch layout (which optional fields are present); each compiles once
     per padded shape, so pad batches to a few shapes (`batch.padded_shape`). `tx` defaults to
@@ -152,17 +158,19 @@ def make_train_step(graphdef, cfg: TrainConfig, mesh: Mesh, state_shardings: Tra
     rep = NamedSharding(mesh, PartitionSpec())
     pure = functools.partial(train_step, graphdef=graphdef, cfg=cfg, tx=tx, objective=objective)
 
-    def step(state: TrainState, batch: Batch):
+    def step(state: TrainState, batch: Batch, frozen=None):
+        """`frozen`: a LoRA model's base (placed on its shardings; never donated)."""
         layout = tuple(f.name for f in dataclasses.fields(batch) if getattr(batch, f.name) is None)
-        key = (graphdef, trace_key(cfg), mesh, tx_key, objective, layout)
+        key = (graphdef, trace_key(cfg), mesh, tx_key, objective, layout, frozen is None)
         if key not in _JITTED:
+            frozen_sh = None if frozen is None else jax.tree.map(lambda x: x.sharding, frozen)
             _JITTED[key] = jax.jit(
                 pure,
-                in_shardings=(state_shardings, batch_shardings(batch, mesh)),
+                in_shardings=(state_shardings, batch_shardings(batch, mesh), frozen_sh),
                 out_shardings=(state_shardings, rep),
                 donate_argnums=0,
             )
         with jax.set_mesh(mesh):  # the mesh in context: Pallas attention runs per shard on it
-            return _JITTED[key](state, batch)
+            return _JITTED[key](state, batch, frozen)
 
     return step

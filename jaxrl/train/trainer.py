@@ -32,8 +32,10 @@ from jaxrl.train.flops import mfu, peak_flops, train_flops_per_token
 from jaxrl.train.logprobs import make_logprobs_fn
 from jaxrl.train.minibatch import combine_update_metrics, plan_updates, take_rows
 from jaxrl.train.objective import correction_needs
+from jaxrl.models import lora
 from jaxrl.train.state import (
     TrainState,
+    init_frozen,
     init_train_state,
     model_graphdef,
     train_state_shardings,
@@ -109,8 +111,13 @@ class Trainer:
             if state is not None
             else init_train_state(model_cfg, train_cfg, mesh, params=params)
         )
+        # LoRA: the frozen base beside the state (whose params are the adapters)
+        self.frozen = init_frozen(model_cfg, train_cfg, mesh, params=params)
         self.ref_params = None
-        if train_cfg.needs_reference:
+        if train_cfg.needs_reference and self.frozen is not None and ref_params is None:
+            # the reference is the base: zero adapters on the shared base, no second copy
+            self.ref_params = lora.zeros_like(self.state.params)
+        elif train_cfg.needs_reference:
             if ref_params is None:
                 raise ValueError("train.kl_coef > 0 (or train.ref_metrics) needs ref_params, the "
                                  "frozen reference policy")
@@ -138,10 +145,18 @@ class Trainer:
         return pad_batch(batch, rows, length)
 
     def logprobs(self, params: dict, batch: Batch) -> jax.Array:
-        """Per-token logprobs of a (padded, device-placed) batch under `params` (aligned as in
-        `jaxrl.train.batch`)."""
+        """Per-token logprobs of a (padded, device-placed) batch under `params` (the state's
+        kind: with LoRA, adapters) (aligned as in `jaxrl.train.batch`)."""
         with jax.set_mesh(self.mesh):  # as in the train step (Pallas attention per shard)
-            return self._logprobs(params, batch)
+            return self._logprobs(self.full_params(params), batch)
+
+    def full_params(self, params: dict) -> dict:
+        """The model's whole params dict for the state's `params` (LoRA: base + adapters)."""
+        return params if self.frozen is None else lora.join(self.frozen, params)
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.frozen is not None
 
     def prepare(self, batch: Batch) -> Batch:
         """Check, pad and place a host batch; fill proximal / reference logprobs if needed."""
@@ -167,7 +182,7 @@ class Trainer:
         dev_batch = self.prepare(batch)
         t_dispatch = time.perf_counter()
         if self.updates_per_batch == 1:
-            self.state, metrics = self._step(self.state, dev_batch)
+            self.state, metrics = self._step(self.state, dev_batch, self.frozen)
             metrics = [metrics]
         else:
             metrics = self._several_updates(batch, dev_batch, seed_step)
@@ -189,7 +204,7 @@ class Trainer:
         for update in plan.updates:
             mb = take_rows(full, update, plan.rows)
             mb = jax.device_put(mb, batch_shardings(mb, self.mesh))
-            self.state, metrics = self._step(self.state, mb)
+            self.state, metrics = self._step(self.state, mb, self.frozen)
             out.append(metrics)
         return out
 
