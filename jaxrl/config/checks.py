@@ -93,6 +93,11 @@ def check_run(cfg) -> None:
             f"generate.max_len={gen.max_len} leaves no room for a prompt before "
             f"data.max_new_tokens={data.max_new_tokens}; raise generate.max_len or set it to 0 "
             "(automatic)")
+    if gen.min_tokens > data.max_new_tokens:
+        raise ConfigError(
+            f"generate.min_tokens={gen.min_tokens} is more than data.max_new_tokens="
+            f"{data.max_new_tokens}: no rollout could reach it; lower generate.min_tokens or "
+            "raise data.max_new_tokens")
 
 
 def check_model_lengths(cfg, model_cfg, max_prompt: int = 1) -> None:

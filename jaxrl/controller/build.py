@@ -201,7 +201,8 @@ def producer_config(cfg: RunConfig, prompts_per_step: int, process_index: int):
     return ProducerConfig(
         prompts_per_step=prompts_per_step, group_size=data.group_size,
         max_new_tokens=data.max_new_tokens, temperature=gen.temperature, top_k=gen.top_k,
-        top_p=gen.top_p, filter_zero_variance=data.filter_zero_variance,
+        top_p=gen.top_p, min_tokens=gen.min_tokens, ignore_eos=gen.ignore_eos,
+        filter_zero_variance=data.filter_zero_variance,
         max_oversample_rounds=cfg.pipeline.max_oversample_rounds,
         inflight=cfg.pipeline.mode == "inflight", seed=cfg.seed,
         prompt_format=data.prompt_format, slot_offset=process_index * prompts_per_step)

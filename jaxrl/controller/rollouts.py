@@ -44,6 +44,8 @@ class ProducerConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
     filter_zero_variance: bool = True
     max_oversample_rounds: int = 2
     inflight: bool = False
@@ -55,8 +57,9 @@ class ProducerConfig:
 class RolloutProducer:
     def __init__(self, *, scheduler: Scheduler, task, tokenizer, prompts, scorer,
                  cfg: ProducerConfig, trace: TraceWriter | None = None, tracker=None,
-                 data_states=None):
+                 data_states=None, env_runner=None):
         self.scheduler, self.task, self.tokenizer = scheduler, task, tokenizer
+        self.env_runner = env_runner  # multi-turn episodes (controller/multiturn.py) or None
         self.prompts, self.scorer, self.cfg = prompts, scorer, cfg
         self.trace = trace or TraceWriter()
         self.tracker = tracker
@@ -77,6 +80,7 @@ class RolloutProducer:
         return SamplingParams(
             max_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
             n=c.group_size, seed=request_seed(c.seed, step, round_, c.slot_offset + slot),
+            min_tokens=c.min_tokens, ignore_eos=c.ignore_eos,
         )
 
     def _generate(self, records: list[dict], step: int, round_: int, weights) -> list:
@@ -113,6 +117,27 @@ class RolloutProducer:
                 k += 1
             groups.append(Group(example=record, rollouts=rollouts))
         return groups, scores.metrics()
+
+    def _episodes(self, records: list[dict], step: int, round_: int, weights
+                  ) -> tuple[list[Group], dict]:
+        """Multi-turn: each prompt's `group_size` episodes, run to their end; rewards from the
+        environment."""
+        prompts = [self.task.render(r, self.tokenizer, self.cfg.prompt_format) for r in records]
+        sampling = [self._sampling(step, round_, slot) for slot in range(len(records))]
+        start = self.trace.now()
+        episodes = self.env_runner.run(
+            records, prompts, sampling,
+            on_chunk=(lambda: self._install(weights)) if self.cfg.inflight else None)
+        self.trace.add("sandbox", "episodes", start, self.trace.now() - start,
+                       tool_calls=self.env_runner.stats.tool_calls)
+        groups = [Group(example=record, rollouts=[Rollout(
+            prompt=e.prompt, completion=e.tokens, logprobs=e.logprobs, versions=e.versions,
+            finish_reason=e.finish_reason, reward=e.reward, mask=e.mask) for e in eps])
+            for record, eps in zip(records, episodes, strict=True)]
+        metrics = self.env_runner.stats.metrics()
+        if self.env_runner.sessions is not None:
+            metrics.update(self.env_runner.sessions.metrics())
+        return groups, metrics
 
     def _samples(self, groups: list[Group]) -> list[dict]:
         """The first completion of the first `SAMPLES_PER_STEP` prompts, as text."""
@@ -151,6 +176,14 @@ class RolloutProducer:
         errors = [0]
 
         def sample_rewards(n: int, temp: float) -> np.ndarray:
+            if self.env_runner is not None:  # multi-turn: the episodes' rewards
+                sampling = [SamplingParams(max_tokens=self.cfg.max_new_tokens, temperature=temp,
+                                           n=n, seed=request_seed(seed, -1, n, index_offset + i))
+                            for i in range(len(records))]
+                eps = self.env_runner.run(records, prompts, sampling)
+                if on_sample is not None:
+                    on_sample(n * len(records))
+                return np.asarray([[e.reward for e in g] for g in eps], np.float64)
             ids = [self.scheduler.submit(p, SamplingParams(
                 max_tokens=self.cfg.max_new_tokens, temperature=temp, n=n,
                 seed=request_seed(seed, -1, n, index_offset + i))) for i, p in enumerate(prompts)]
@@ -190,8 +223,11 @@ class RolloutProducer:
                     f"draws (data.epochs={self.prompts.epochs}; replacing zero-variance groups "
                     "draws extra prompts): raise data.epochs, or set it to 0 to repeat forever"
                 ) from None
-            completions = self._generate(records, step, rounds, weights)
-            groups, metrics = self._score(records, completions)
+            if self.env_runner is not None:
+                groups, metrics = self._episodes(records, step, rounds, weights)
+            else:
+                completions = self._generate(records, step, rounds, weights)
+                groups, metrics = self._score(records, completions)
             reward_metrics.append(metrics)
             for g in groups:
                 all_rewards.extend(g.rewards.tolist())

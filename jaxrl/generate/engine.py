@@ -2,12 +2,13 @@
 
 A decode state holds `num_slots` slots, each with its own KV-cache row (`[slots, max_len, K, D]`
 per layer, slots sharded over the generator mesh's `dp`, kv heads over `tp`), last token, sampling
-parameters, stop ids and token budget. One prompt is prefilled once into a one-row cache
-(`prefill`); each of its `n` samples is then copied into a free slot (`insert`), which draws the
-sample's first token from the prefill logits with the sample's own key. `generate_chunk` runs up
-to `chunk_steps` decode steps in one jitted `lax.while_loop`, writing every emitted token, its
-behaviour log-probability and the policy version of the weights into fixed-size buffers; the host
-reads them once per chunk (the scheduler in `jaxrl.generate.scheduler` does this).
+parameters, stop ids, token budget and minimum length. One prompt is prefilled once into a
+one-row cache (`prefill`); each of its `n` samples is then copied into a free slot (`insert`),
+which draws the sample's first token from the prefill logits with the sample's own key.
+`generate_chunk` runs up to `chunk_steps` decode steps in one jitted `lax.while_loop`, writing
+every emitted token, its behaviour log-probability and the policy version of the weights into
+fixed-size buffers; the host reads them once per chunk (the scheduler in
+`jaxrl.generate.scheduler` does this).
 
 Shapes never depend on a request: prompts are padded to a bucket (powers of two up to
 `max_len`), the decode state is fixed, and `set_params` swaps weights of the same structure and
@@ -33,7 +34,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl.config import KVLayout
-from jaxrl.generate.sampling import sample_key, sample_tokens
+from jaxrl.generate.sampling import ban_stop_ids, sample_key, sample_tokens
 from jaxrl.models.paged import PagedKVCache
 from jaxrl.models.transformer import KVCache, Transformer
 from jaxrl.sharding import logical_sharding, state_shardings
@@ -75,6 +76,7 @@ class SlotParams:
     top_p: jax.Array  # f32
     max_tokens: jax.Array  # int32
     stop_ids: jax.Array  # int32 [max_stop_ids], -1 padded
+    min_tokens: jax.Array  # int32: the stop ids are banned before this many tokens
 
 
 @jax.tree_util.register_dataclass
@@ -93,6 +95,7 @@ class DecodeState:
     top_k_B: jax.Array  # int32
     top_p_B: jax.Array  # f32
     stop_ids_BS: jax.Array  # int32, -1 padded
+    min_tokens_B: jax.Array  # int32
     pending_B: jax.Array  # bool: first token inserted but not yet reported
     pending_logprob_B: jax.Array  # f32
     pending_version_B: jax.Array  # int32
@@ -258,14 +261,18 @@ class JaxEngine:
                              f"({self.max_stop_ids}) of this engine")
 
     def slot_params(self, *, key_data, sample_index: int, temperature: float, top_k: int,
-                    top_p: float, max_tokens: int, stop_token_ids: Sequence[int]) -> SlotParams:
-        stops = sorted(set(int(t) for t in stop_token_ids) | set(self.eos_ids))
+                    top_p: float, max_tokens: int, stop_token_ids: Sequence[int],
+                    min_tokens: int = 0, ignore_eos: bool = False) -> SlotParams:
+        """A sample's settings; `ignore_eos` leaves the engine's EOS ids out of its stop ids,
+        `min_tokens` bans its stop ids from its first tokens (see `SamplingParams`)."""
+        stops = set(int(t) for t in stop_token_ids) | (set() if ignore_eos else set(self.eos_ids))
+        stops = sorted(stops)
         stop_ids = np.full((self.max_stop_ids,), -1, np.int32)
         stop_ids[: len(stops)] = stops
         return SlotParams(
             key_data=np.asarray(key_data, np.uint32), sample_index=np.int32(sample_index),
             temperature=np.float32(temperature), top_k=np.int32(top_k), top_p=np.float32(top_p),
-            max_tokens=np.int32(max_tokens), stop_ids=stop_ids,
+            max_tokens=np.int32(max_tokens), stop_ids=stop_ids, min_tokens=np.int32(min_tokens),
         )
 
     def _version(self, version: int) -> jax.Array:
@@ -305,7 +312,7 @@ class JaxEngine:
             finish_reason_B=zeros_i(), key_data_B2=jnp.zeros((b, 2), jnp.uint32),
             temperature_B=jnp.ones((b,), jnp.float32), top_k_B=zeros_i(),
             top_p_B=jnp.ones((b,), jnp.float32),
-            stop_ids_BS=jnp.full((b, self.max_stop_ids), -1, jnp.int32),
+            stop_ids_BS=jnp.full((b, self.max_stop_ids), -1, jnp.int32), min_tokens_B=zeros_i(),
             pending_B=jnp.zeros((b,), bool), pending_logprob_B=jnp.zeros((b,), jnp.float32),
             pending_version_B=zeros_i(),
         )
@@ -403,7 +410,8 @@ class JaxEngine:
 
     def _insert_impl(self, prefix: Prefix, state: DecodeState, slot, sp: SlotParams):
         key = sample_key(sp.key_data, sp.sample_index, 0)
-        token, logprob = sample_tokens(prefix.logits_V[None], key[None], sp.temperature[None],
+        logits_1V = ban_stop_ids(prefix.logits_V[None], sp.stop_ids[None], sp.min_tokens[None] > 0)
+        token, logprob = sample_tokens(logits_1V, key[None], sp.temperature[None],
                                        sp.top_k[None], sp.top_p[None])
         token, logprob = token[0], logprob[0]
         stopped = jnp.any(token == sp.stop_ids)
@@ -431,6 +439,7 @@ class JaxEngine:
             top_k_B=state.top_k_B.at[slot].set(sp.top_k),
             top_p_B=state.top_p_B.at[slot].set(sp.top_p),
             stop_ids_BS=state.stop_ids_BS.at[slot].set(sp.stop_ids),
+            min_tokens_B=state.min_tokens_B.at[slot].set(sp.min_tokens),
             pending_B=state.pending_B.at[slot].set(True),
             pending_logprob_B=state.pending_logprob_B.at[slot].set(logprob),
             pending_version_B=state.pending_version_B.at[slot].set(prefix.version),
@@ -444,7 +453,11 @@ class JaxEngine:
         keys_B = jax.vmap(lambda d, t: jax.random.fold_in(
             jax.random.wrap_key_data(d, impl="threefry2x32"), t))(st.key_data_B2,
                                                                   st.num_generated_B)
-        tok_B, logp_B = sample_tokens(logits_B1V[:, 0], keys_B, st.temperature_B, st.top_k_B,
+        logits_BV = jax.lax.cond(  # min_tokens: no stop id before the sample's minimum length
+            jnp.any(st.num_generated_B < st.min_tokens_B),
+            lambda x: ban_stop_ids(x, st.stop_ids_BS, st.num_generated_B < st.min_tokens_B),
+            lambda x: x, logits_B1V[:, 0])
+        tok_B, logp_B = sample_tokens(logits_BV, keys_B, st.temperature_B, st.top_k_B,
                                       st.top_p_B)
         tok_B = jnp.where(act_B, tok_B, st.tokens_B)
         num_B = st.num_generated_B + act_B.astype(jnp.int32)

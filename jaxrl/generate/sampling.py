@@ -31,7 +31,12 @@ class SamplingParams:
 
     `temperature=0` is greedy; `top_k=0` and `top_p=1` disable those filters. `n` samples share the
     prompt's prefill. `stop_token_ids` end a sample (the stop token is kept in the completion, with
-    its log-probability); the engine's EOS ids always stop as well.
+    its log-probability); the engine's EOS ids stop as well unless `ignore_eos`, which generates
+    on through EOS (to `max_tokens` or a stop id; what follows an EOS is whatever the model makes
+    of it -- for fixed-length benchmarks). `min_tokens` bans the stop ids (EOS included, unless
+    ignored) from the first `min_tokens` tokens: their logits are -inf there, as `transformers`'
+    `MinNewTokensLengthLogitsProcessor` does, and the returned log-probabilities are under that
+    masked distribution (the one actually sampled from).
     """
 
     max_tokens: int = 16
@@ -41,6 +46,8 @@ class SamplingParams:
     n: int = 1
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
@@ -61,6 +68,15 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(
                 f"SamplingParams.top_p must be in (0, 1] (1 = off), got {self.top_p!r}"
+            )
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"SamplingParams.min_tokens must be an integer in [0, max_tokens="
+                f"{self.max_tokens}], got {self.min_tokens!r}"
+            )
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(
+                f"SamplingParams.ignore_eos must be True or False, got {self.ignore_eos!r}"
             )
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
             raise ValueError(
@@ -191,6 +207,14 @@ def sample_tokens(logits_BV, keys_B, temperature_B, top_k_B, top_p_B):
     tokens_B = jnp.where(greedy_B, _argmax(logits_BV), sampled_B)
     logprobs_B = jnp.take_along_axis(logp_BV, tokens_B[:, None], axis=-1)[:, 0]
     return tokens_B, logprobs_B
+
+
+def ban_stop_ids(logits_BV, stop_ids_BS, ban_B):
+    """`logits_BV` with each banned row's stop ids (-1 padded) set to -inf (`min_tokens`)."""
+    v = logits_BV.shape[-1]
+    rows_BS = jnp.broadcast_to(jnp.arange(logits_BV.shape[0])[:, None], stop_ids_BS.shape)
+    cols_BS = jnp.where(ban_B[:, None] & (stop_ids_BS >= 0), stop_ids_BS, v)  # v: dropped
+    return logits_BV.at[rows_BS, cols_BS].set(_NEG_INF, mode="drop")
 
 
 def stop_id_array(stop_ids: Sequence[int], width: int) -> np.ndarray:

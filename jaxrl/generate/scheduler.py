@@ -164,7 +164,8 @@ class Scheduler:
             params = engine.slot_params(
                 key_data=group.key_data, sample_index=group.next_sample,
                 temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
-                max_tokens=sp.max_tokens, stop_token_ids=sp.stop_token_ids)
+                max_tokens=sp.max_tokens, stop_token_ids=sp.stop_token_ids,
+                min_tokens=sp.min_tokens, ignore_eos=sp.ignore_eos)
             self.state = engine.insert(group.prefix, self.state, slot, params)
             self._slots[slot] = _Running(group, group.next_sample)
             group.next_sample += 1
