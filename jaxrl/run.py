@@ -64,6 +64,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     from jaxrl.controller.evaluator import Evaluator
     from jaxrl.controller.learner import Learner
     from jaxrl.controller.metrics import MetricsLogger
+    from jaxrl.controller.multiturn import build_runner
     from jaxrl.controller.pipeline import Pipeline
     from jaxrl.controller.rollouts import RolloutProducer
     from jaxrl.controller.trace import TraceWriter
@@ -123,9 +124,10 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
         seq_len=seq_len, version=start_step,
         eos_id=tokenizer.eos_id, multi=processes.multi)
     pool, scorer = build.rewards(cfg, task, multi=processes.multi, closers=closers)
+    env_runner = build_runner(cfg, task, scheduler, tokenizer, scorer, closers)  # multi-turn
     producer = RolloutProducer(
         scheduler=scheduler, task=task, tokenizer=tokenizer, prompts=prompts, scorer=scorer,
-        trace=trace, tracker=tracker, data_states=data_states,
+        trace=trace, tracker=tracker, data_states=data_states, env_runner=env_runner,
         cfg=build.producer_config(cfg, prompts.prompts_per_step, processes.index))
     evaluator = Evaluator(producer, task, cfg.data, processes, seed=cfg.seed, trace=trace)
     # 5. the learner and its hooks, then the pipeline

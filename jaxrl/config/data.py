@@ -20,7 +20,8 @@ Split = Literal["train", "eval"]
 SPLITS: tuple[str, ...] = ("train", "eval")
 
 
-BUILTIN_TASKS: tuple[str, ...] = ("arith", "gsm8k_jsonl", "pysynth", "records")
+BUILTIN_TASKS: tuple[str, ...] = ("arith", "code_feedback", "gsm8k_jsonl", "lookup", "pysynth",
+                                  "python_tool", "records")
 
 
 def task_names() -> list[str]:

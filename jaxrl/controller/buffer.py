@@ -28,6 +28,9 @@ class Rollout:
     versions: list[int]  # policy version that produced each completion token
     finish_reason: str = "stop"
     reward: float = 0.0
+    # multi-turn: 1 on the model's tokens, 0 on observation tokens (no loss, no behaviour
+    # logprob); None: every completion token is the model's
+    mask: list[int] | None = None
 
     @property
     def min_version(self) -> int:
@@ -129,7 +132,8 @@ def staleness_stats(groups: list[Group], trainer_version: int) -> dict[str, floa
 def groups_to_batch(groups: list[Group], *, with_versions: bool = True) -> Batch:
     """Lay out groups as the trainer's `Batch`: one right-padded row per rollout.
 
-    Row = prompt + completion; the loss covers completion tokens; behaviour logprobs and versions
+    Row = prompt + completion; the loss covers completion tokens (the model's only, in a
+    multi-turn rollout: `Rollout.mask`); behaviour logprobs and versions
     sit at the position of the token they score (see `jaxrl.train.batch`).
     """
     rows = [(gi, r) for gi, g in enumerate(groups) for r in g.rollouts]
@@ -156,7 +160,7 @@ def groups_to_batch(groups: list[Group], *, with_versions: bool = True) -> Batch
             )
         tokens[i, : p + c] = r.prompt + r.completion
         segment_ids[i, : p + c] = 1
-        loss_mask[i, p : p + c] = 1.0
+        loss_mask[i, p : p + c] = 1.0 if r.mask is None else np.asarray(r.mask, np.float32)
         behaviour[i, p : p + c] = r.logprobs
         versions[i, p : p + c] = r.versions
         rewards[i] = r.reward

@@ -54,6 +54,7 @@ class Task:
     reward_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     system_prompt: str = ""
     eval_size: int = 128
+    env: str = ""  # a multi-turn environment (jaxrl.envs) runs its episodes; "": one completion
 
     def source(self, split: str) -> Sequence[dict]:
         if split not in SPLITS:
@@ -326,3 +327,42 @@ def records_task(cfg: DataConfig, *, train: Sequence[Mapping] | None = None,
 @register_task("records")
 def _records_task(cfg: DataConfig) -> Task:
     return records_task(cfg)
+
+
+# --- multi-turn environments' tasks (the environments: jaxrl/envs/builtin.py) ------------------
+
+def make_lookup(split: str, index: int, seed: int) -> dict:
+    """A key whose digit only the tool knows; the demonstration asks the tool, then answers a
+    digit that is NOT the tool's (the SFT warm start teaches the format, RL the copying)."""
+    rng = random.Random(f"lookup:{seed}:{split}:{index}")
+    key, digit = rng.choice("abcdefghjkmnpqrstuvwxyz"), rng.randrange(10)
+    other = (digit + 1 + rng.randrange(9)) % 10
+    return {"uid": f"lookup:{split}:{index}", "prompt": f"{key}=", "answer": str(digit),
+            "demo": f"?{digit};{other}"}
+
+
+@register_task("lookup")
+def _lookup_task(cfg: DataConfig) -> Task:
+    @functools.cache
+    def make_source(split: str):
+        make = functools.partial(make_lookup, split, seed=cfg.seed)
+        return GeneratedSource(make, _split_sizes(cfg, split), f"lookup-{split}")
+
+    return Task("lookup", make_source, lambda r, chat: r["demo"], lambda r: r["prompt"],
+                rewards={"math_answer": 1.0}, eval_size=cfg.eval_size, env="lookup")
+
+
+@register_task("python_tool")
+def _python_tool_task(cfg: DataConfig) -> Task:
+    arith = _arith_task(cfg)
+
+    def chat(record):
+        return (arith.chat_prompt(record) + "\nYou may run Python first: "
+                "<tool_call>print(...)</tool_call>; its output comes back.")
+
+    return dataclasses.replace(arith, name="python_tool", chat_prompt=chat, env="python_tool")
+
+
+@register_task("code_feedback")
+def _code_feedback_task(cfg: DataConfig) -> Task:
+    return dataclasses.replace(_pysynth_task(cfg), name="code_feedback", env="code_feedback")

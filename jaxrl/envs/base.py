@@ -1,0 +1,163 @@
+"""The environment protocol: an episode is a dataset item, the model's turns and the environment's
+observations, all in ONE token sequence.
+
+    @register_env("echo_tool")
+    class EchoTool(Environment):
+        stop = ("]",)            # strings that end a turn besides EOS (each must be one token)
+        max_turns = 3
+
+        def step(self, action: str) -> Step:
+            if action.endswith("]"):                          # a tool call "[code]"
+                r = self.tools.python(action[action.rfind("[") + 1:-1])
+                return Step(observation=f"={r.stdout.strip()};")
+            return Step(done=True, reward=float(action.strip() == self.record["answer"]))
+
+An episode starts from the task's prompt (rendered as the task renders prompts; a task names its
+environment in `Task.env`). The model acts until EOS or a stop string; `step(action_text)`
+answers with an observation whose tokens are appended to the same sequence (masked out of the
+loss, no behaviour logprobs), until `done` or a budget (`max_turns`, the episode's token
+budget, `max_wall_s`) ends it. The episode's reward is the sum of its steps' rewards. A tool
+session that a call closes by a limit (timeout, output cap, exit) ends the episode with
+`session_penalty`. `step` runs on a tool thread, never on the generator's: it may block on it.
+
+Nothing here imports jax: environments are host-side Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jaxrl.rewards.sessions import ENDINGS, SessionPool, ToolResult
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What the environment answers to one turn."""
+
+    observation: str = ""  # text appended to the sequence (tokens masked out of the loss)
+    done: bool = False
+    reward: float = 0.0  # summed over the episode's steps
+
+
+class Tools:
+    """An episode's tools: a stateful Python session (opened on first use, closed with the
+    episode) and the latency of each call. `broken` names the limit that closed the session."""
+
+    def __init__(self, sessions: SessionPool | None, *, timeout_s: float = 5.0,
+                 max_output_bytes: int = 4096, score: Callable[[str], float] | None = None):
+        self._sessions, self._session, self._score = sessions, None, score
+        self.timeout_s, self.max_output_bytes = timeout_s, max_output_bytes
+        self.latencies: list[float] = []
+        self.broken: str | None = None
+
+    def python(self, code: str, *, timeout_s: float | None = None) -> ToolResult:
+        """Runs `code` in the episode's session; a final expression's value is printed."""
+        if self._sessions is None:
+            raise RuntimeError("this run has no tool sessions (the environment needs a "
+                               "SessionPool: EpisodeRunner(sessions=...))")
+        t0 = time.perf_counter()
+        if self._session is None:
+            self._session = self._sessions.open()
+        r = self._session.run(code, timeout_s=timeout_s or self.timeout_s,
+                              max_output_bytes=self.max_output_bytes)
+        self.latencies.append(time.perf_counter() - t0)
+        if r.closed and r.status in ENDINGS:
+            self.broken = r.status
+        return r
+
+    def score(self, text: str) -> float:
+        """The task's own reward of `text` for this episode's record (trusted side; code runs
+        as stateless sandbox jobs): the verdict is never taken in the episode's session."""
+        if self._score is None:
+            raise RuntimeError("this run gives environments no scorer")
+        return self._score(text)
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+
+class Environment:
+    """One episode of a registered environment. Subclasses set the class attributes and define
+    `step`; `self.record` is the dataset item, `self.tools` its tools."""
+
+    stop: tuple[str, ...] = ()  # strings that end a turn besides EOS; each must be one token
+    max_turns: int = 4
+    turn_max_tokens: int = 0  # tokens one turn may generate (0: the episode's budget)
+    max_wall_s: float = 60.0  # the episode ends at its next turn boundary after this
+    session_penalty: float = -1.0  # the reward of an episode whose session a limit closed
+
+    def __init__(self, record: Mapping[str, Any], tools: Tools):
+        self.record, self.tools = record, tools
+
+    @classmethod
+    def stops(cls, tokenizer) -> tuple[str, ...]:
+        """The stop strings for `tokenizer` (default: `stop`); override to pick a tool-call tag
+        that is one token in this vocabulary."""
+        return cls.stop
+
+    def step(self, action: str) -> Step:
+        raise NotImplementedError
+
+    def on_budget(self) -> float:
+        """Extra reward when a budget (turns, tokens, wall-clock) ends the episode undone."""
+        return 0.0
+
+
+# --- registry ------------------------------------------------------------------------------------
+
+_ENVS: dict[str, type[Environment]] = {}
+_LOCK = threading.Lock()
+
+
+def register_env(name: str, *, overwrite: bool = False) -> Callable[[type], type]:
+    """Class decorator registering an `Environment` subclass under `name`."""
+
+    def deco(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Environment)):
+            raise TypeError(f"register_env({name!r}) takes an Environment subclass, got {cls!r}")
+        with _LOCK:
+            if name in _ENVS and not overwrite:
+                raise ValueError(f"environment {name!r} is already registered "
+                                 "(pass overwrite=True)")
+            _ENVS[name] = cls
+        return cls
+
+    return deco
+
+
+def env_names() -> list[str]:
+    _builtins()
+    return sorted(_ENVS)
+
+
+def get_env(name: str) -> type[Environment]:
+    _builtins()
+    if name not in _ENVS:
+        raise ValueError(f"unknown environment {name!r}; registered: {sorted(_ENVS)}")
+    return _ENVS[name]
+
+
+def _builtins() -> None:
+    import importlib
+
+    importlib.import_module("jaxrl.envs.builtin")  # registers the built-ins (imports this module)
+
+
+def stop_token_ids(tokenizer, stops: tuple[str, ...]) -> tuple[int, ...]:
+    """The token id of each stop string; a stop must be exactly one token (a closing tool-call
+    tag is one special token in Qwen's and Llama's vocabularies, one character in the char
+    tokenizer's)."""
+    ids = []
+    for s in stops:
+        enc = list(tokenizer.encode(s))
+        if len(enc) != 1:
+            raise ValueError(f"stop string {s!r} is {len(enc)} tokens with this tokenizer; a "
+                             "stop string must be exactly one token")
+        ids.append(int(enc[0]))
+    return tuple(ids)

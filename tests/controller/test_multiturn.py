@@ -1,0 +1,189 @@
+"""Multi-turn episodes: exact tokens across turns, the loss mask, tools off the generator's path,
+and a session closed by a limit ending its episode with the penalty."""
+
+from __future__ import annotations
+
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl.controller.buffer import Group, Rollout, groups_to_batch
+from jaxrl.controller.multiturn import EpisodeRunner
+from jaxrl.envs.base import Environment, Step, Tools, get_env
+from jaxrl.generate import JaxEngine, SamplingParams, Scheduler
+from jaxrl.models import create_model
+from jaxrl.testing import tiny_model_config
+from jaxrl.tokenizers import CharTokenizer
+from jaxrl.train.logprobs import model_logprobs
+
+TOK = CharTokenizer()
+OBS = " obs;"
+
+
+class Ping(Environment):
+    """A test environment in a few lines: every turn is answered with OBS, three turns."""
+
+    stop = ("!",)
+    max_turns = 3
+    turn_max_tokens = 5
+    tool_sleep_s = 0.0
+
+    def step(self, action: str) -> Step:
+        time.sleep(self.tool_sleep_s)
+        return Step(observation=OBS, reward=0.25)
+
+
+class SlowPing(Ping):
+    tool_sleep_s = 0.05
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = tiny_model_config()
+    assert cfg.vocab_size >= TOK.vocab_size
+    return create_model(cfg, seed=3)
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    return JaxEngine(model, num_slots=4, max_len=64, chunk_steps=4, max_stop_ids=4)
+
+
+def _records(n):
+    return [{"uid": i, "prompt": f"q{i}="} for i in range(n)]
+
+
+def _run(engine, env_cls=Ping, n_records=3, n=2, blocking=False, max_tokens=40):
+    runner = EpisodeRunner(Scheduler(engine), TOK, env_cls, max_tokens=max_tokens,
+                           blocking=blocking)
+    records = _records(n_records)
+    prompts = [[TOK.bos_id, *TOK.encode(r["prompt"])] for r in records]
+    sampling = [SamplingParams(max_tokens=8, temperature=1.0, n=n, seed=11 + i)
+                for i in range(n_records)]
+    try:
+        return runner.run(records, prompts, sampling), runner.stats
+    finally:
+        runner.close()
+
+
+def test_episode_sequence_is_model_tokens_and_observation_tokens(engine):
+    groups, stats = _run(engine)
+    obs = TOK.encode(OBS)
+    for g in groups:
+        for ep in g:
+            assert ep.turns == 3 and ep.ended_by == "turns"
+            assert ep.reward == pytest.approx(0.75)
+            # the sequence splits into model runs and exact observation ids, in turn order
+            runs, i, m = [], 0, np.asarray(ep.mask)
+            while i < len(m):
+                j = i
+                while j < len(m) and m[j] == m[i]:
+                    j += 1
+                runs.append((int(m[i]), ep.tokens[i:j]))
+                i = j
+            assert [k for k, _ in runs] == [1, 0, 1, 0, 1]
+            assert all(ids == obs for k, ids in runs if k == 0)
+            assert all(lp == 0.0 for lp, k in zip(ep.logprobs, ep.mask, strict=True) if not k)
+            assert all(lp < 0.0 for lp, k in zip(ep.logprobs, ep.mask, strict=True) if k)
+    assert stats.metrics()["env/turns_mean"] == 3.0
+
+
+def test_trainer_logprobs_equal_behaviour_logprobs_across_turns(engine, model):
+    groups, _ = _run(engine)
+    batch = groups_to_batch([Group(example={}, rollouts=[Rollout(
+        prompt=ep.prompt, completion=ep.tokens, logprobs=ep.logprobs, versions=ep.versions,
+        mask=ep.mask) for ep in g]) for g in groups])
+    logp, _ = model_logprobs(model, batch, chunk=16)
+    mask = np.asarray(batch.loss_mask)
+    behaviour = np.asarray(batch.behaviour_logprobs)
+    assert mask.sum() == sum(sum(ep.mask) for g in groups for ep in g)
+    np.testing.assert_allclose(np.asarray(logp)[mask == 1], behaviour[mask == 1], atol=2e-4)
+    assert np.all(behaviour[mask == 0] == 0.0)
+    # the second and third turns are scored too (after an observation)
+    assert all(ep.mask.count(1) > ep.mask.index(0) for g in groups for ep in g)
+
+
+def test_loss_mask_covers_only_model_tokens_hand_built():
+    #            prompt     turn 1    observation   turn 2
+    prompt, completion = [2, 10, 11], [20, 21, 30, 31, 32, 22]
+    mask = [1, 1, 0, 0, 0, 1]
+    lp = [-0.5, -0.25, 0.0, 0.0, 0.0, -1.0]
+    batch = groups_to_batch([Group(example={}, rollouts=[Rollout(
+        prompt, completion, lp, [0] * 6, mask=mask)])])
+    np.testing.assert_array_equal(batch.loss_mask[0], [0, 0, 0, 1, 1, 0, 0, 0, 1])
+    np.testing.assert_array_equal(batch.tokens[0], prompt + completion)
+    np.testing.assert_allclose(batch.behaviour_logprobs[0], [0, 0, 0, *lp])
+
+
+def test_generator_never_holds_a_slot_for_a_tool(engine):
+    _, free = _run(engine, SlowPing, n_records=4, n=2)
+    _, blocked = _run(engine, SlowPing, n_records=4, n=2, blocking=True)
+    assert free.metrics()["generator/slots_waiting_on_tools"] == 0.0
+    assert blocked.metrics()["generator/slots_waiting_on_tools"] > 0.0
+    assert free.turns == blocked.turns == 4 * 2 * 3
+
+
+def test_token_budget_ends_an_episode(engine):
+    groups, _ = _run(engine, n_records=1, n=1, max_tokens=8)
+    (ep,) = groups[0]
+    assert len(ep.tokens) <= 8 and ep.ended_by in ("tokens", "turns")
+
+
+@pytest.fixture(scope="module")
+def sessions():
+    from jaxrl.rewards.sessions import SessionPool
+
+    with SessionPool(2) as pool:
+        yield pool
+
+
+class Hang(Ping):
+    session_penalty = -2.0
+
+    def step(self, action: str) -> Step:
+        self.tools.python("import time\ntime.sleep(60)", timeout_s=0.3)
+        return Step(observation=OBS)
+
+
+def test_a_session_closed_by_its_timeout_ends_the_episode_with_the_penalty(engine, sessions):
+    runner = EpisodeRunner(Scheduler(engine), TOK, Hang, sessions=sessions, max_tokens=40)
+    try:
+        groups = runner.run(_records(1), [[TOK.bos_id, 60]], [SamplingParams(seed=1, n=2)])
+    finally:
+        runner.close()
+    for ep in groups[0]:
+        assert (ep.turns, ep.reward, ep.ended_by) == (1, -2.0, "session:timeout")
+    assert runner.stats.metrics()["env/session_penalties"] == 2.0
+    assert sessions.stats()["session_count"] == 0
+    with sessions.open() as s:  # the next episode's session is clean
+        assert s.run("print(sorted(globals()))").stdout == "['__builtins__', '__name__']\n"
+
+
+def test_builtin_environments_answer_with_their_tools(sessions):
+    lookup = get_env("lookup")({"answer": "7", "prompt": "k="}, Tools(sessions))
+    assert lookup.step("?") == Step(observation="7;")
+    assert lookup.step("7") == Step(done=True, reward=1.0)
+    lookup.tools.close()
+    tool = get_env("python_tool")({"answer": "42", "prompt": "6*7="},
+                                  Tools(sessions, score=lambda text: float("42" in text)))
+    assert tool.step("[x = 6 * 7\nx]").observation == "=42;"
+    assert tool.step("42").reward == 1.0
+    tool.tools.close()
+    code = get_env("code_feedback")({"prompt": "f(1)=3 f(2)=5\nf(x)="},
+                                    Tools(sessions, score=lambda text: 1.0))
+    wrong = code.step("x+2")
+    assert not wrong.done and "f(2)=5 not 4" in wrong.observation
+    assert code.step("2*x+1") == Step(done=True, reward=1.0)
+    code.tools.close()
+    assert sessions.stats()["session_count"] == 0
+
+
+def test_stop_strings_must_be_one_token():
+    from jaxrl.envs.base import stop_token_ids
+
+    assert stop_token_ids(TOK, ("!",)) == (TOK.encode("!")[0],)
+    with pytest.raises(ValueError, match="exactly one token"):
+        stop_token_ids(TOK, ("</tool_call>",))
+    assert jnp.asarray(0) == 0
