@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,8 @@ from typing import Any
 
 from jaxrl.config.sections import PIPELINE_MODES, PipelineMode, ahead_for
 from jaxrl.controller.trace import TraceWriter
+
+log = logging.getLogger("jaxrl")
 
 Mode = PipelineMode
 MODES = PIPELINE_MODES
@@ -244,8 +247,10 @@ class Pipeline:
                 })
                 if on_step is not None:
                     on_step(step, metrics)
-        finally:
-            self.stop()
+        except BaseException:  # an error or Ctrl-C: a stuck generator is reported, not waited on
+            self.stop(timeout_s=10.0, abandon=True)
+            raise
+        self.stop()
 
     def _timed_publish(self, params: Any, version: int) -> dict:
         start = self.trace.now()
@@ -254,15 +259,19 @@ class Pipeline:
         self._published.set(gen_params, version)
         return metrics or {}
 
-    def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop the generator thread and wait for it (bounded)."""
+    def stop(self, timeout_s: float = 60.0, *, abandon: bool = False) -> None:
+        """Stop the generator thread and wait for it (bounded); one still running then is an
+        error, or with `abandon` (already stopping for another reason) a warning."""
         self._stop.set()
         if self._published is not None:
             with self._published.cond:
                 self._published.cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
-            if self._thread.is_alive():
+            if self._thread.is_alive() and abandon:
+                log.warning("generator thread still running %.0fs after the stop (a reward or "
+                            "generation that does not return): abandoned", timeout_s)
+            elif self._thread.is_alive():
                 raise RuntimeError(
                     f"generator thread did not stop within {timeout_s:.0f}s after shutdown"
                 )

@@ -29,6 +29,7 @@ import logging
 import math
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -217,10 +218,10 @@ class RewardScorer:
         self.error_counts = {t.name: 0 for t in spec.terms}
         self.timeout_counts = {t.name: 0 for t in spec.terms}
         self.items_scored = 0
-        # Terms run concurrently: the sandbox pool and the reward workers overlap.
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=len(spec.terms), thread_name_prefix="reward-term"
-        )
+        # Terms run concurrently, each batch's on threads of its own (the sandbox pool and the
+        # reward workers overlap). Daemon threads: an in-process reward that never returns
+        # holds its thread, which `close` abandons after a bound instead of waiting forever.
+        self._threads: list[threading.Thread] = []
 
     def __enter__(self) -> RewardScorer:
         return self
@@ -228,10 +229,41 @@ class RewardScorer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def close(self) -> None:
-        self._executor.shutdown(wait=True)
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Wait up to `timeout_s` for terms still scoring, then abandon (and report) the threads
+        of rewards that do not return: shutdown never hangs on a reward."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        hung = [t for t in threads if t.is_alive()]
+        if hung:
+            log.warning(
+                "%d reward thread(s) still running %.0fs after shutdown (a reward that does not "
+                "return; rewards.timeout_s bounds only isolated rewards): abandoned",
+                len(hung),
+                timeout_s,
+            )
         if self._own_workers:
             self.workers.close()
+
+    def _submit(self, term: RewardTerm, items: Sequence[Mapping[str, Any]]):
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def body() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(self._run_term(term, items))
+            except BaseException as e:  # noqa: BLE001 - SystemExit & co.: the caller sees it
+                future.set_exception(e)
+
+        thread = threading.Thread(target=body, name=f"reward-term-{term.name}", daemon=True)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+        return future
 
     def score(self, prompt: str, completion: str, **fields) -> RewardBatch:
         """One item; see `score_batch`."""
@@ -243,7 +275,7 @@ class RewardScorer:
         errors: dict[str, int] = {}
         timeouts: dict[str, int] = {}
         total = [0.0] * len(items)
-        futures = [self._executor.submit(self._run_term, t, items) for t in self.spec.terms]
+        futures = [self._submit(t, items) for t in self.spec.terms]
         for term, future in zip(self.spec.terms, futures, strict=True):
             raw = future.result()
             vals, n_err, n_to = [], 0, 0
