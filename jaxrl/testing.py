@@ -87,6 +87,39 @@ def tiny_tokenizer(path: str | Path, texts: list[str], vocab_size: int = 300) ->
          "tokenizer_class": "PreTrainedTokenizerFast"}))
 
 
+LLAMA_CHAT = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}"
+              "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}")
+
+
+def tiny_llama_tokenizer(path: str | Path, texts: list[str], *, add_bos: bool = True,
+                         chat_template: str | None = LLAMA_CHAT, vocab_size: int = 300) -> None:
+    """A Llama-style `tokenizer.json` (`<s>` / `</s>` specials; with `add_bos`, a post-processor
+    that puts `<s>` first and `add_bos_token: true` in tokenizer_config.json), as a Llama
+    repository ships them."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(texts) * 5, trainer)
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "</s>",
+              "add_bos_token": add_bos, "add_eos_token": False,
+              "tokenizer_class": "PreTrainedTokenizerFast"}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+
+
 def make_gsm8k_recipe(out: str | Path, *, train: int = 48, test: int = 16, seed: int = 0) -> Path:
     """`out/model` (a tiny random Qwen2 with its own BPE tokenizer) and `out/train.jsonl`,
     `out/test.jsonl` in GSM8K's format (question, answer with a final `#### N` line): what

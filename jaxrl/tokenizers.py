@@ -1,7 +1,9 @@
 """Tokenizers: a built-in character tokenizer for synthetic tasks, and Hugging Face `tokenizers`.
 
-Both implement the same small interface: `encode`, `decode`, `eos_id`, `pad_id`, `vocab_size`
-(and `apply_chat_template` where a template exists).
+Both implement the same small interface: `encode`, `decode`, `eos_id`, `pad_id`, `vocab_size`,
+`bos_id` (None without one) and `add_bos` (and `apply_chat_template` where a template exists).
+`jaxrl.data.tasks.encode_prompt` turns a prompt (text, or chat messages) into the ids a model is
+given: BOS first exactly once when the tokenizer adds one, as `transformers` does for text.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class CharTokenizer:
 
     SPECIALS = ("<pad>", "<eos>", "<bos>")
     CHARS = string.printable[:95] + "\n\t"  # digits, letters, punctuation, space, \n, \t
+
+    add_bos = True  # prompts start with <bos>
 
     def __init__(self):
         self.pad_id, self.eos_id, self.bos_id = 0, 1, 2
@@ -93,7 +97,17 @@ class HFTokenizer:
         self.bos_token = _token_text(self.config.get("bos_token"))
         self.eos_id = self._id_of(self.eos_token, "eos_token")
         self.pad_id = self._id_of(self.pad_token, "pad_token")
+        self.bos_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
+        self.add_bos = self.bos_id is not None and self._adds_bos()
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+
+    def _adds_bos(self) -> bool:
+        """Whether `transformers` puts BOS before a text: `add_bos_token` in the config (Llama's
+        tokenizers), else what tokenizer.json's post-processor does."""
+        if "add_bos_token" in self.config:
+            return bool(self.config["add_bos_token"])
+        with_specials = self._tok.encode("a", add_special_tokens=True).ids
+        return with_specials[:1] == [self.bos_id] != self._tok.encode("a").ids[:1]
 
     def _id_of(self, token: str | None, what: str) -> int:
         if token is None:

@@ -125,6 +125,7 @@ def truncate(text: str) -> str:
 
 def generate(args, problems: list[dict]) -> list[list[str]]:
     """`args.n` completions per problem, with jaxrl's generator."""
+    from jaxrl.data.tasks import encode_prompt
     from jaxrl.generate import SamplingParams, sample
     from jaxrl.models import load_pretrained
     from jaxrl.tokenizers import load_tokenizer
@@ -138,12 +139,9 @@ def generate(args, problems: list[dict]) -> list[list[str]]:
         try:
             if args.chat:
                 text = CHAT_INSTRUCTION.format(prompt=r["prompt"])
-                ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                    add_generation_prompt=True, tokenize=True)
+                ids = encode_prompt(tokenizer, [{"role": "user", "content": text}])
             else:
-                ids = tokenizer.encode(r["prompt"])
-                bos = getattr(tokenizer, "bos_id", None)
-                ids = [bos, *ids] if bos is not None else ids
+                ids = encode_prompt(tokenizer, r["prompt"])
         except ValueError as e:
             raise SystemExit(f"error: {r['task_id']}: cannot tokenize its prompt: {e}") from None
         prompts.append(list(ids))

@@ -82,24 +82,39 @@ class Task:
 
     def render(self, record: Mapping[str, Any], tokenizer, prompt_format: str = "auto"
                ) -> list[int]:
-        """Prompt token ids: plain text (BOS first if the tokenizer has one) or a chat template."""
+        """Prompt token ids: plain text or a chat template, BOS first exactly once when the
+        tokenizer adds one (`encode_prompt`)."""
         if resolve_format(tokenizer, prompt_format) == "chat":
             messages = [{"role": "user", "content": self.chat_prompt(record)}]
             if self.system_prompt:
                 messages.insert(0, {"role": "system", "content": self.system_prompt})
-            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      tokenize=True))
+            return encode_prompt(tokenizer, messages)
         try:
-            ids = list(tokenizer.encode(record["prompt"]))
+            return encode_prompt(tokenizer, record["prompt"])
         except ValueError as e:  # e.g. a character the char tokenizer does not know
             raise ValueError(f"record {record.get('uid')!r}: cannot encode its prompt: {e}") from e
-        bos = getattr(tokenizer, "bos_id", None)
-        return [bos, *ids] if bos is not None else ids
 
     def render_demonstration(self, record, tokenizer, prompt_format: str = "auto") -> list[int]:
         """Demonstration token ids followed by EOS (the SFT target)."""
         chat = resolve_format(tokenizer, prompt_format) == "chat"
         return [*tokenizer.encode(self.demonstration(record, chat)), tokenizer.eos_id]
+
+
+def encode_prompt(tokenizer, prompt: str | list[dict]) -> list[int]:
+    """The ids a model is given for `prompt`: a text, or chat messages rendered with the
+    tokenizer's template (the generation prompt added). BOS comes first exactly once when the
+    tokenizer adds one (`add_bos`): for text as `transformers`' `tokenizer(text)`; for chat
+    also when the template does not write it (`transformers`' `apply_chat_template` leaves it
+    out then, which a model trained with BOS never saw), never twice when it does."""
+    if isinstance(prompt, str):
+        ids = list(tokenizer.encode(prompt))
+    else:
+        ids = list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True,
+                                                 tokenize=True))
+    bos = getattr(tokenizer, "bos_id", None)
+    if getattr(tokenizer, "add_bos", False) and bos is not None and ids[:1] != [bos]:
+        ids.insert(0, bos)
+    return ids
 
 
 def resolve_format(tokenizer, prompt_format: str) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from jax.sharding import Mesh
 
+from jaxrl.data.tasks import encode_prompt
 from jaxrl.generate.engine import MIN_BUCKET, JaxEngine
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.generate.scheduler import Completion, Scheduler
@@ -76,20 +77,19 @@ def sample(model_or_params, prompts: str | Sequence[str] | Sequence[Sequence[int
 
 def encode_prompts(prompts: Sequence[str], tokenizer, *, chat: bool = False) -> list[list[int]]:
     """Token ids of text prompts; with `chat`, each one a user message through the tokenizer's
-    chat template (which renders text, encoded here without adding special tokens again)."""
+    chat template. BOS first exactly once when the tokenizer adds one, as a run renders them
+    (`jaxrl.data.tasks.encode_prompt`)."""
     if tokenizer is None:
         raise TypeError("sample: text prompts need a tokenizer (tokenizer=load_tokenizer(...)), "
                         "or pass token-id lists")
     if not all(isinstance(p, str) for p in prompts):
         raise TypeError("sample: prompts mix text and token ids; pass one kind")
     if not chat:
-        return [list(tokenizer.encode(p)) for p in prompts]
+        return [encode_prompt(tokenizer, p) for p in prompts]
     if not hasattr(tokenizer, "apply_chat_template"):
         raise TypeError(f"sample: chat=True needs a tokenizer with a chat template; "
                         f"{type(tokenizer).__name__} has none")
-    return [list(tokenizer.apply_chat_template([{"role": "user", "content": p}],
-                                               add_generation_prompt=True, tokenize=True))
-            for p in prompts]
+    return [encode_prompt(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
 
 
 def _engine_for(model, prompts, sampling, num_slots, max_len, mesh, eos_ids, chunk_steps):
