@@ -12,11 +12,11 @@ def config() -> RunConfig:
     return RunConfig(
         name="multiturn",
         model=tiny_task_model_config(),
-        train=TrainConfig(lr=2e-3, warmup_steps=2, logprob_chunk=32, checkpoint_every=5,
+        train=TrainConfig(lr=5e-4, warmup_steps=2, logprob_chunk=32, checkpoint_every=5,
                           weight_decay=0.0),
         data=DataConfig(task="lookup", prompts_per_step=8, group_size=8, max_new_tokens=12,
                         eval_size=32, pass_k=2,
                         sft=SFTConfig(steps=100, batch_size=32, lr=3e-3, max_len=32)),
         generate=GenerateConfig(num_slots=32, chunk_steps=4),
-        pipeline=PipelineConfig(mode="periodic", steps=600),
+        pipeline=PipelineConfig(mode="periodic", steps=200),
     )
