@@ -176,7 +176,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     logger.log_config(dataclasses.asdict(cfg))
     evaluator.progress = progress
     learner.add_hook(planner_feedback, every=0, on="row")
-    if do_eval:
+    if do_eval and cfg.data.eval:  # run(evaluate=False) or --data.eval=false: none at all
         if cfg.data.eval_every:
             learner.add_hook(evaluate_mid_run, every=cfg.data.eval_every)
         learner.add_hook(evaluate_end, every=0)

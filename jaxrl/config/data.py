@@ -85,8 +85,9 @@ class DataConfig:
     Order: seeded shuffle per epoch, `epochs` passes (0 = forever), sharded by process.
     Groups: each step takes `prompts_per_step` prompts; the generator samples `group_size` each.
     Dynamic sampling: see `jaxrl.data.solve_rate`.
-    Evaluation: every `eval_every` steps (0 = only at the end) on `eval_size` held-out prompts,
-      `pass_k` samples each at `eval_temperature` -> eval/pass@1 and eval/pass@{pass_k}.
+    Evaluation: before RL, every `eval_every` steps (0 = only at the end) and at the end, on
+      `eval_size` held-out prompts, `pass_k` samples each at `eval_temperature` -> eval/pass@1
+      and eval/pass@{pass_k}; `eval=False` turns all of it off.
     """
 
     task: str = "pysynth"
@@ -122,6 +123,7 @@ class DataConfig:
     arith_digits: int | None = None
     arith_terms: int | None = None
     # evaluation
+    eval: bool = True  # False: no held-out evaluation at all (not before, during or after RL)
     eval_size: int = 128
     eval_every: int = 0
     pass_k: int = 4
