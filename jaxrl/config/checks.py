@@ -75,6 +75,10 @@ def check_run(cfg) -> None:
             f"train.ref_init={ref!r} is not a Hugging Face model directory (no config.json there) "
             "nor a Hub id (org/name); point it at one, or leave it unset to use the initial "
             "policy")
+    if ref and cfg.model.lora.enabled:
+        raise ConfigError(
+            f"train.ref_init={ref!r} with model.lora.rank={cfg.model.lora.rank}: a LoRA run's "
+            "reference policy is its frozen base (the adapters at zero); unset train.ref_init")
     rollouts = data.prompts_per_step * data.group_size
     if train.micro_batches > rollouts:
         raise ConfigError(

@@ -62,7 +62,7 @@ def model_config(cfg: RunConfig, tokenizer):
         hf = json.loads((resolve(cfg.init, what="init") / "config.json").read_text())
         model_cfg = config_from_hf(hf, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
                                    attention_impl=cfg.model.attention_impl,
-                                   remat=cfg.model.remat)
+                                   remat=cfg.model.remat, lora=cfg.model.lora)
     if model_cfg.vocab_size < tokenizer.vocab_size:
         raise ConfigError(
             f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "
@@ -125,6 +125,8 @@ def initial_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes):
     from jaxrl.train.sft import warm_start
     from jaxrl.train.state import params_from_model
 
+    # LoRA: this is the base (the trainer draws or loads the adapters)
+    model_cfg = dataclasses.replace(model_cfg, lora=type(model_cfg.lora)())
     if cfg.init:
         from jaxrl.models.hf import load_pretrained
         from jaxrl.models.hub import resolve
@@ -148,7 +150,7 @@ def reference_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes
     """The frozen reference policy for the KL term (None when not needed): `train.ref_init`'s
     HF weights, else the run's initial policy. On resume it is rebuilt the way the initial
     policy was (HF weights, the cached SFT warm start, or the seeded random init)."""
-    if not cfg.train.needs_reference:
+    if not cfg.train.needs_reference or model_cfg.lora.enabled:  # LoRA: the base is the ref
         return None
     if cfg.train.ref_init:
         from jaxrl.models.hf import load_pretrained
@@ -164,10 +166,46 @@ def reference_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes
     return initial
 
 
+def base_fingerprint(base: dict) -> str:
+    """A digest of a LoRA run's frozen base: the first 64 values of every leaf, as bytes (the
+    same on any mesh shape; cheap to read off the devices)."""
+    import hashlib
+
+    import jax
+
+    digest = hashlib.sha256()
+    for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(base)[0],
+                             key=lambda kv: jax.tree_util.keystr(kv[0])):
+        digest.update(jax.tree_util.keystr(path).encode())
+        digest.update(np.asarray(jax.device_get(leaf.reshape(-1)[:64])).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def register_lora_base(ckpt, trainer, cfg: RunConfig) -> None:
+    """A LoRA checkpoint holds the adapters and their optimiser state; it records which base
+    they belong to (`init`, or the seeded init / SFT warm start, and a digest of the weights),
+    and `--resume` refuses a base that differs (e.g. a changed `--init` directory)."""
+    if trainer.frozen is None:
+        return
+    info = {"init": cfg.init or f"seeded init (seed {cfg.train.seed}) + SFT warm start",
+            "fingerprint": base_fingerprint(trainer.frozen)}
+
+    def check(saved: dict) -> None:
+        if saved and saved.get("fingerprint") != info["fingerprint"]:
+            raise ConfigError(
+                f"the LoRA checkpoint's adapters were trained on another base: saved "
+                f"{saved.get('init')!r} (fingerprint {saved.get('fingerprint')}), now "
+                f"{info['init']!r} (fingerprint {info['fingerprint']}); resume with the same "
+                "--init (or model and seed) the run started with")
+
+    ckpt.register("lora_base", get=lambda: info, set=check)
+
+
 def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, version: int,
-              eos_id: int, multi: bool):
+              eos_id: int, multi: bool, base=None):
     """(publisher, engine, scheduler): the generator's copy of the model on its own mesh, in
-    `generate.dtype`, filled from the trainer's params by resharding."""
+    `generate.dtype`, filled from the trainer's params by resharding. A LoRA run passes its
+    frozen `base` (moved once) and adapters as `trainer_params` (moved every publish)."""
     from flax import nnx
 
     from jaxrl.controller.weight_sync import GeneratorPublisher, WeightSync
@@ -179,10 +217,16 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
 
     gen_dtype = cfg.generate.dtype or model_cfg.param_dtype
     gen_cfg = dataclasses.replace(model_cfg, param_dtype=gen_dtype, dtype=gen_dtype)
-    graphdef, abstract = nnx.split(abstract_model(gen_cfg))
-    targets = pure_state_shardings(abstract, mesh, "generator")
-    sync = WeightSync(targets, dtype=gen_dtype, gather=local_replica if multi else None)
-    gen_params, _ = sync(trainer_params)
+    gather = local_replica if multi else None
+    if model_cfg.lora.enabled:
+        publisher, graphdef = lora_publisher(gen_cfg, mesh, base, gather)
+        gen_params = publisher.publish(trainer_params, version)[0]
+    else:
+        graphdef, abstract = nnx.split(abstract_model(gen_cfg))
+        targets = pure_state_shardings(abstract, mesh, "generator")
+        sync = WeightSync(targets, dtype=gen_dtype, gather=gather)
+        gen_params, _ = sync(trainer_params)
+        publisher = GeneratorPublisher(sync, graphdef)
     engine = JaxEngine(nnx.merge(graphdef, gen_params),
                        num_slots=round_up(cfg.generate.num_slots, mesh.shape["dp"]),
                        max_len=cfg.generate.max_len or next_power_of_two(seq_len,
@@ -190,7 +234,33 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
                        mesh=mesh, chunk_steps=cfg.generate.chunk_steps, eos_ids=(eos_id,),
                        version=version, kv_layout=cfg.generate.kv_layout,
                        page_size=cfg.generate.page_size)
-    return GeneratorPublisher(sync, graphdef), engine, Scheduler(engine)
+    return publisher, engine, Scheduler(engine)
+
+
+def lora_publisher(gen_cfg, mesh, base, gather):
+    """(LoraPublisher, the generator model's graphdef) for a LoRA run: the base moved once in
+    the generator's dtype; adapters every publish, then merged into a plain model on the
+    generator mesh (`model.lora.generator="merge"`) or applied in its forward pass."""
+    from flax import nnx
+
+    from jaxrl.controller.weight_sync import LoraPublisher, WeightSync
+    from jaxrl.models import lora
+    from jaxrl.models.model import abstract_model
+    from jaxrl.sharding import pure_state_shardings
+
+    lora_cfg = gen_cfg.lora
+    merge = lora_cfg.generator == "merge"
+    _, abstract = nnx.split(abstract_model(gen_cfg))
+    base_targets, adapter_targets = lora.split(pure_state_shardings(abstract, mesh, "generator"))
+    plain_cfg = dataclasses.replace(gen_cfg, lora=type(lora_cfg)())
+    graphdef = nnx.graphdef(abstract_model(plain_cfg if merge else gen_cfg))
+    # adapters stay f32 to be merged (the sum is rounded once); cast when applied per token
+    adapter_sync = WeightSync(adapter_targets, dtype=None if merge else gen_cfg.dtype,
+                              gather=gather)
+    base_sync = WeightSync(base_targets, dtype=gen_cfg.param_dtype, gather=gather)
+    publisher = LoraPublisher(base_sync, adapter_sync, graphdef, base, lora_cfg, merge=merge,
+                              merged_shardings=base_targets)
+    return publisher, graphdef
 
 
 def producer_config(cfg: RunConfig, prompts_per_step: int, process_index: int):

@@ -145,3 +145,42 @@ class GeneratorPublisher:
         return gen_state, {"pipeline/weight_sync_s": stats.seconds,
                            "pipeline/weight_sync_gbps": stats.gbps,
                            "pipeline/weight_sync_bytes": float(stats.bytes)}
+
+
+class LoraPublisher:
+    """The pipeline's `publish` for a LoRA run: the generator keeps the base it received once
+    and each publish moves only the adapters (`WeightSync` of the adapter tree).
+
+    `merge=True`: a jitted `W + s A B` on the generator mesh rebuilds the targeted weights of a
+    plain model (the base copy is kept: the next publish merges into it again), so decode runs
+    exactly the full-parameter model's graph. `merge=False`: the generator's model carries the
+    adapters and adds `s (x A) B` in its forward pass; no second copy of the targeted weights.
+    """
+
+    def __init__(self, base_sync: WeightSync, adapter_sync: WeightSync, graphdef, base: Any,
+                 lora_cfg, *, merge: bool, merged_shardings: Any = None):
+        from jaxrl.models import lora
+
+        self.adapter_sync, self.graphdef, self.merge = adapter_sync, graphdef, merge
+        self.base, stats = base_sync(base)  # once, for the whole run
+        self.base_stats = stats
+        self._join = lora.join
+        if merge:
+            self._merge = jax.jit(lambda b, a: lora.merge(lora.join(b, a), lora_cfg),
+                                  out_shardings=merged_shardings)
+
+    def publish(self, adapters: Any, version: int) -> tuple[Any, dict]:
+        from flax import nnx
+
+        gen_adapters, stats = self.adapter_sync(adapters)
+        start = time.perf_counter()
+        if self.merge:
+            params = jax.block_until_ready(self._merge(self.base, gen_adapters))
+        else:
+            params = self._join(self.base, gen_adapters)
+        merge_s = time.perf_counter() - start
+        gen_state = nnx.state(nnx.merge(self.graphdef, params))
+        return gen_state, {"pipeline/weight_sync_s": stats.seconds + merge_s,
+                           "pipeline/weight_sync_gbps": stats.gbps,
+                           "pipeline/weight_sync_bytes": float(stats.bytes),
+                           "pipeline/lora_merge_s": merge_s}

@@ -93,8 +93,12 @@ def _launch(tmp_path, name, *extra):
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_continues_exactly(tmp_path):
+@pytest.mark.parametrize("params", ["full", "lora"])
+def test_sigkill_then_resume_continues_exactly(tmp_path, params):
+    # LoRA: the checkpoint holds adapters and their optimiser state; the base is rebuilt
     steps = ["--pipeline.steps=6", "--train.checkpoint_every=2"]
+    if params == "lora":
+        steps.append("--model.lora.rank=4")
     ref = _launch(tmp_path, "ref", *steps)
     out, _ = ref.communicate(timeout=600)
     assert ref.returncode == 0, out[-3000:]
@@ -115,8 +119,11 @@ def test_sigkill_then_resume_continues_exactly(tmp_path):
     rows = read_metrics(tmp_path / "runs" / "victim")
     ref_rows = read_metrics(tmp_path / "runs" / "ref")
     assert [r["step"] for r in rows] == list(range(6))  # each step once, continuing
-    for key in ("data/prompts_consumed", "reward/mean", "loss/total"):
+    for key in ("data/prompts_consumed", "reward/mean", "loss/total", "train/grad_norm"):
         assert [r[key] for r in rows] == [r[key] for r in ref_rows], key
+    for x, y in zip(_final_params(tmp_path / "runs" / "victim"),
+                    _final_params(tmp_path / "runs" / "ref"), strict=True):
+        np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.slow
