@@ -17,10 +17,12 @@ import jax
 import ml_dtypes
 import numpy as np
 from flax import nnx
+from flax.traverse_util import flatten_dict
 from jax.sharding import Mesh
 
 from jaxrl.config import ConfigError, ModelConfig, RopeScaling
 from jaxrl.dtypes import canonical_dtype
+from jaxrl.models import lora
 from jaxrl.models.model import abstract_model
 from jaxrl.models.transformer import Transformer
 from jaxrl.sharding import Role, state_shardings
@@ -237,12 +239,16 @@ def load_pretrained(
     *,
     mesh: Mesh | None = None,
     role: Role = "trainer",
+    adapter: str | Path | None = None,
     **config_overrides,
 ) -> tuple[ModelConfig, Transformer]:
     """Load a local HF directory into `(config, model)`; with `mesh`, onto its shards directly.
 
     `dtype` sets both the parameter and compute dtype (default: float32), as a name or a numpy
     / JAX dtype: "bfloat16", `jnp.bfloat16`, `np.float32`, `jnp.dtype("float32")` all work.
+    `adapter`: a PEFT LoRA adapter directory (`adapter_config.json` + `adapter_model.safetensors`)
+    to load on top; the config's `lora` then comes from its adapter_config.json and the model
+    holds the adapters (float32, as jaxrl trains them).
     """
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -251,12 +257,28 @@ def load_pretrained(
         dtype = canonical_dtype(dtype, "load_pretrained: dtype", ConfigError)
         config_overrides.setdefault("dtype", dtype)
         config_overrides.setdefault("param_dtype", dtype)
-    cfg = config_from_hf(json.loads((path / "config.json").read_text()), **config_overrides)
     tensors = _checkpoint_tensors(path)
+    if adapter is not None:
+        from jaxrl.models.peft_io import read_adapter
+
+        if "lora" in config_overrides:
+            raise ConfigError("load_pretrained: pass adapter= or lora=, not both (an adapter's "
+                              "LoraConfig comes from its adapter_config.json)")
+        config_overrides["lora"], adapter_tensors = read_adapter(adapter)
+    elif config_overrides.get("lora") is not None and config_overrides["lora"].enabled:
+        raise ConfigError("load_pretrained: lora= without adapter= has no adapter weights to "
+                          "load; load the base and let the trainer draw fresh adapters, or pass "
+                          "a PEFT adapter directory as adapter=")
+    cfg = config_from_hf(json.loads((path / "config.json").read_text()), **config_overrides)
     graphdef, abstract = nnx.split(abstract_model(cfg))
     shardings = state_shardings(abstract, mesh, role) if mesh is not None else None
     flat_shardings = dict(shardings.flat_state()) if shardings is not None else {}
     tmap = _tensor_map(cfg)
+    if adapter is not None:
+        from jaxrl.models.peft_io import adapter_map
+
+        tmap.update(adapter_map(cfg))
+        tensors.update(adapter_tensors)
     leaves = []
     for path_key, var in abstract.flat_state():
         if path_key not in tmap:
@@ -291,20 +313,40 @@ def load_pretrained(
 
 
 def save_pretrained(
-    model: Transformer, cfg: ModelConfig, path: str | Path, dtype: Any = "float32"
+    model: Transformer, cfg: ModelConfig, path: str | Path, dtype: Any = "float32", *,
+    merge_adapters: bool = True,
 ) -> Path:
     """Write `config.json` + `model.safetensors` that `transformers` loads back, the tensors in
-    `dtype` (any spelling `canonical_dtype` takes)."""
+    `dtype` (any spelling `canonical_dtype` takes).
+
+    A model with LoRA adapters is written merged (`W + s A B`, `jaxrl.models.lora.merge`) as a
+    plain model; `merge_adapters=False` refuses it (`save_adapter` writes the adapters alone in
+    PEFT's format)."""
     dtype = canonical_dtype(dtype, "save_pretrained: dtype", ConfigError)
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    if lora.has_adapters(params):
+        if not merge_adapters:
+            raise CheckpointError(
+                "save_pretrained(merge_adapters=False): the model holds LoRA adapters, which a "
+                "plain Hugging Face checkpoint has no place for; write them with "
+                "jaxrl.models.hf.save_adapter(model, DIR) (a PEFT adapter directory) and the "
+                "base with save_pretrained of the model without adapters, or pass "
+                "merge_adapters=True for one merged checkpoint")
+        params = jax.jit(lora.merge, static_argnums=1)(params, cfg.lora)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     np_dtype = np.dtype(dtype)
     tmap = _tensor_map(cfg)
     tensors = {}
-    for path_key, var in nnx.state(model, nnx.Param).flat_state():
+    for path_key, value in flatten_dict(params).items():
         name, _, to_hf = tmap[path_key]
-        host = np.asarray(jax.device_get(var.get_value()), dtype=np.float32)
+        host = np.asarray(jax.device_get(value), dtype=np.float32)
         tensors[name] = to_hf(host).astype(np_dtype)
     write_safetensors(path / "model.safetensors", tensors)
     (path / "config.json").write_text(json.dumps(config_to_hf(cfg, dtype), indent=2))
     return path
+
+
+# PEFT adapters, re-exported (imported last: jaxrl.models.peft_io uses the safetensors helpers
+# and CheckpointError above)
+from jaxrl.models.peft_io import read_adapter, save_adapter  # noqa: E402, F401
