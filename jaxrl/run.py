@@ -13,6 +13,7 @@
 
 Ctrl-C or an error stops every thread and process the run started; checkpoints already written
 stay intact and `resume=True` continues from the latest (docs/architecture.md: one step's flow).
+SIGTERM or Ctrl-C during the steps first checkpoints the last finished step (docs/survival.md).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from jaxrl.config import RunConfig
 from jaxrl.config.checks import check_model_lengths, sequence_capacity
 from jaxrl.controller import build
 from jaxrl.controller.processes import Processes
+from jaxrl.controller.stopping import Stopping
 
 log = logging.getLogger("jaxrl")
 
@@ -44,9 +46,11 @@ def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True,
         evaluate: bool = True) -> RunResult:
     """Run one experiment; every resource it started is released however it ends."""
     processes = Processes(cfg)
-    closers: list = []
+    stopping = Stopping(cfg.preemption_grace_s, processes)  # SIGTERM / SIGINT
+    closers: list = [stopping.install()]  # undone last: a second signal exits at once
     try:
-        return _run(cfg, processes, closers, resume=resume, progress=progress, do_eval=evaluate)
+        return _run(cfg, processes, closers, stopping, resume=resume, progress=progress,
+                    do_eval=evaluate)
     except BaseException as e:
         processes.on_failure(e)
         raise
@@ -58,8 +62,8 @@ def run(cfg: RunConfig, *, resume: bool = False, progress: bool = True,
                 log.warning("error while shutting down: %s", e)
 
 
-def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, progress: bool,
-         do_eval: bool) -> RunResult:
+def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping, *,
+         resume: bool, progress: bool, do_eval: bool) -> RunResult:
     from jaxrl.controller.data_state import DataStates
     from jaxrl.controller.evaluator import Evaluator
     from jaxrl.controller.learner import Learner
@@ -98,10 +102,9 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     data_states = DataStates(prompts, tracker, processes)
     # 3. the trainer (its state from HF / SFT, or from the latest checkpoint)
     params, sft_metrics = None, {}
-    if not resume or model_cfg.lora.enabled:  # a LoRA checkpoint holds the adapters only
+    if not resume:
         params, sft_metrics = build.initial_params(cfg, meshes.trainer, tokenizer, task,
                                                    model_cfg, processes)
-        sft_metrics = {} if resume else sft_metrics
     ref = build.reference_params(cfg, meshes.trainer, tokenizer, task, model_cfg, processes,
                                  params)
     trainer = Trainer(model_cfg, cfg.train, meshes.trainer, params=params, ref_params=ref)
@@ -112,7 +115,6 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
                         keep=cfg.train.checkpoint_keep)
     closers.append(ckpt.close)
     data_states.register(ckpt)
-    build.register_lora_base(ckpt, trainer, cfg)
     start_step = 0
     if resume:  # checkpoints are numbered by pipeline steps done
         start_step, state = ckpt.restore_newest(trainer.abstract_state)  # skips damaged ones
@@ -124,7 +126,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
     publisher, engine, scheduler = build.generator(
         cfg, model_cfg, meshes.generator, trainer.state.params,
         seq_len=seq_len, version=start_step,
-        eos_id=tokenizer.eos_id, multi=processes.multi, base=trainer.frozen)
+        eos_id=tokenizer.eos_id, multi=processes.multi)
     pool, scorer = build.rewards(cfg, task, multi=processes.multi, closers=closers)
     env_runner = build_runner(cfg, task, scheduler, tokenizer, scorer, closers)  # multi-turn
     producer = RolloutProducer(
@@ -186,8 +188,10 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, *, resume: bool, p
             evals["start"] = evaluator(0)
             log.info("eval before RL: %s", build.fmt_metrics(evals["start"]))
     learner.add_hook(save_checkpoint, every=cfg.train.checkpoint_every, at_end=True)
-    pipeline.run(start_step=start_step, num_steps=total,
-                 initial_params=trainer.state.params, on_step=learner.on_step)
+    # a signal stops the steps at a safe point with a checkpoint (jaxrl/controller/stopping.py)
+    with stopping.deferred(save=lambda n: (save_checkpoint(n, {}), ckpt.wait())):
+        pipeline.run(start_step=start_step, num_steps=total, initial_params=trainer.state.params,
+                     on_step=learner.on_step, should_stop=stopping.requested)
     # 6. the end
     learner.finish(total)
     ckpt.wait()

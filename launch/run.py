@@ -52,6 +52,7 @@ def main(argv: list[str]) -> int:
 
     progress.set_enabled(not args.quiet)
     import jaxrl.run
+    from jaxrl.controller.stopping import Terminated
 
     stop_on_sigterm()
     try:
@@ -59,12 +60,14 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:  # checks that need the devices or the data (after JAX started)
         print(f"error: {e}", file=sys.stderr)
         return _leave(2)
-    except Terminated:
-        print("terminated (SIGTERM): stopped cleanly, the last checkpoint kept; continue with "
-              "--resume", file=sys.stderr)
+    except Terminated as e:
+        detail = str(e) or "the last checkpoint kept"
+        print(f"terminated (SIGTERM): stopped cleanly, {detail}; continue with --resume",
+              file=sys.stderr)
         return _leave(143)
-    except KeyboardInterrupt:
-        print("interrupted: stopped cleanly; continue with --resume", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        detail = str(e) or "the last checkpoint kept"
+        print(f"interrupted: stopped cleanly, {detail}; continue with --resume", file=sys.stderr)
         return _leave(130)
     except Exception:
         if _multi_process():
@@ -74,17 +77,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a preemption notice): the run stops the way Ctrl-C stops it."""
-
-
 def stop_on_sigterm() -> None:
-    """SIGTERM stops the run like Ctrl-C (threads, sandboxes and the checkpointer closed; exit
-    143); a second SIGTERM exits at once."""
+    """Before the run (which handles signals itself, jaxrl/controller/stopping.py): SIGTERM stops
+    like Ctrl-C (exit 143); a second SIGTERM exits at once."""
     import signal
 
     def first(signum, frame):
         signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+        from jaxrl.controller.stopping import Terminated
+
         raise Terminated()
 
     signal.signal(signal.SIGTERM, first)

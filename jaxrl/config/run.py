@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from jaxrl.config.base import ConfigError
 from jaxrl.config.checks import check_run, checks_deferred
 from jaxrl.config.data import DataConfig
 from jaxrl.config.sections import (
@@ -37,8 +38,14 @@ class RunConfig:
     rewards: RewardsConfig = dataclasses.field(default_factory=RewardsConfig)
     pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
     dist: DistConfig = dataclasses.field(default_factory=DistConfig)
+    preemption_grace_s: float = 30.0  # after SIGTERM / Ctrl-C, the seconds in which the run
+    #   finishes its step and checkpoints it (cloud preemption notices give ~30 s); 0 = stop at
+    #   once, keeping the last periodic checkpoint (docs/survival.md)
 
     def __post_init__(self):
+        if not self.preemption_grace_s >= 0:  # NaN too
+            raise ConfigError(f"preemption_grace_s={self.preemption_grace_s!r} is not valid; "
+                              f"it must be a number of seconds >= 0")
         if not checks_deferred():
             check_run(self)
 

@@ -48,6 +48,14 @@ Mode = PipelineMode
 MODES = PIPELINE_MODES
 
 
+class StopRequested(Exception):
+    """A stop asked for at a safe point (`Pipeline.run(should_stop=...)`), after `steps_done`."""
+
+    def __init__(self, steps_done: int):
+        super().__init__(f"stop requested after {steps_done} steps")
+        self.steps_done = steps_done
+
+
 @dataclasses.dataclass
 class Produced:
     """One batch from the generator side."""
@@ -112,6 +120,7 @@ class Pipeline:
         self._published: _Published | None = None
         self._thread: threading.Thread | None = None
         self._calls: collections.deque = collections.deque()  # work for the generator thread
+        self._should_stop: Callable[[bool], bool] = lambda waiting: False
 
     # ------------------------------------------------------------------ generator side
 
@@ -196,6 +205,8 @@ class Pipeline:
                     raise self._error
                 if self._stop.is_set():
                     raise PipelineStopped()
+                if self._should_stop(True):
+                    raise StopRequested(step)
                 self._ready_cond.wait(self.poll_s)
             return self._ready.pop(step)
 
@@ -206,11 +217,16 @@ class Pipeline:
         num_steps: int,
         initial_params: Any,
         on_step: Callable[[int, dict], None] | None = None,
+        should_stop: Callable[[bool], bool] | None = None,
     ) -> None:
         """Run steps `start_step .. num_steps-1`; `on_step(step, metrics)` after each update.
 
         `initial_params` are published as version `start_step` before the generator starts.
+        `should_stop(waiting)` is asked at the safe points, after each step (`waiting=False`)
+        and while the trainer waits for a batch (True); when it says so, the run raises
+        `StopRequested` with the steps finished (a batch not trained on is abandoned).
         """
+        self._should_stop = should_stop or (lambda waiting: False)
         self._published = _Published(None, start_step - 1)
         self._timed_publish(initial_params, start_step)
         self._thread = threading.Thread(
@@ -247,6 +263,8 @@ class Pipeline:
                 })
                 if on_step is not None:
                     on_step(step, metrics)
+                if self._should_stop(False):
+                    raise StopRequested(step + 1)
         except BaseException:  # an error or Ctrl-C: a stuck generator is reported, not waited on
             self.stop(timeout_s=10.0, abandon=True)
             raise
