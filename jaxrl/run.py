@@ -122,6 +122,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
         if processes.leader:
             build.truncate_metrics(run_dir, start_step)
     data_states.reset()
+    ckpt.check_space(trainer.state)  # room for two checkpoints, before any step
     # 4. generator, rewards, producer, evaluator
     publisher, engine, scheduler = build.generator(
         cfg, model_cfg, meshes.generator, trainer.state.params,

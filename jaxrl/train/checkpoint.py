@@ -5,6 +5,7 @@
     ckpt.maybe_save(trainer.state, step=s)  # every `every` steps, asynchronous
     state = ckpt.restore(abstract_state)    # latest; shardings taken from `abstract_state`
     step, state = ckpt.restore_newest(abstract_state)  # the newest complete one (--resume)
+    ckpt.check_space(state)                 # room for two checkpoints, else DiskSpaceError
 
 Saving is asynchronous: the arrays are copied off the devices, then written in the background
 while training continues (`wait()` blocks until written). Restore reads each array straight into
@@ -18,12 +19,15 @@ policy as a Hugging Face directory.
 from __future__ import annotations
 
 import logging
+import math
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxrl.config import ConfigError
@@ -35,6 +39,21 @@ log = logging.getLogger("jaxrl")
 
 class CheckpointError(ConfigError):
     """No checkpoint of a run can be restored; the message says why for each."""
+
+
+class DiskSpaceError(CheckpointError):
+    """Too little free space for the checkpoints; nothing was written, earlier ones are kept."""
+
+
+def free_bytes(directory: Path) -> int:
+    """Free bytes on the filesystem of `directory` (tests replace this probe)."""
+    return shutil.disk_usage(directory).free
+
+
+def state_bytes(state) -> int:
+    """Bytes of every array of `state` (concrete or abstract): one checkpoint, uncompressed."""
+    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(state) if hasattr(x, "shape"))
 
 
 class Checkpointer:
@@ -78,12 +97,25 @@ class Checkpointer:
             return False
         if step in self._manager.all_steps():
             return False
+        self.check_space(state)
         self._manager.wait_until_finished()  # one save in flight: `_seal` knows which
         self._sealing = step
         saved = self._manager.save(step, args=self._save_args(state), force=True)
         if saved and not self._use_async:
             self._seal()
         return saved
+
+    def check_space(self, state, copies: int = 2) -> None:
+        """Raise `DiskSpaceError` unless the filesystem has room for `copies` checkpoints of
+        `state` (a run checks before it starts and before each save)."""
+        need, free = copies * state_bytes(state), free_bytes(self.directory)
+        if free < need:
+            kept = self.all_steps()
+            raise DiskSpaceError(
+                f"not enough free space for checkpoints in {self.directory}: {free:,} bytes free, "
+                f"{need:,} needed ({copies} checkpoints of {need // copies:,} bytes); "
+                + (f"the last complete checkpoint (step {kept[-1]}) is kept; " if kept else "")
+                + "free space there (or set --run_dir elsewhere), then --resume")
 
     def _seal(self) -> None:
         """Orbax's thread (process 0), every file of the step written, before the rename."""

@@ -118,3 +118,28 @@ def test_no_usable_checkpoint_is_a_clear_error_that_changes_nothing(written, tmp
         ckpt.restore_newest(_abstract())
     assert ckpt.all_steps() == [1, 2] and not (tmp_path / "damaged_checkpoints").exists()
     ckpt.close()
+
+
+def test_too_little_free_space_stops_before_writing_and_keeps_the_last_checkpoint(
+        written, tmp_path, monkeypatch):
+    from jaxrl.train import checkpoint
+
+    directory = tmp_path / "checkpoints"
+    shutil.copytree(written, directory)
+    one = checkpoint.state_bytes(_state(0))
+    assert one == 1000 * 4 + 3 * 4 + 4
+    ckpt = _checkpointer(directory, {"position": 3})
+    ckpt.check_space(_abstract())  # this disk has room
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda d: 2 * one - 1)
+    with pytest.raises(checkpoint.DiskSpaceError,
+                       match=rf"not enough free space for checkpoints in {directory}: "
+                             rf"{2 * one - 1:,} bytes free, {2 * one:,} needed \(2 checkpoints "
+                             rf"of {one:,} bytes\); the last complete checkpoint \(step 2\) is "
+                             r"kept; free space there"):
+        ckpt.save(_state(3), step=3)
+    with pytest.raises(checkpoint.DiskSpaceError):  # the check before a run starts
+        ckpt.check_space(_abstract())
+    ckpt.wait()
+    assert sorted(p.name for p in directory.iterdir()) == ["1", "2"]  # nothing half-written
+    assert ckpt.restore_newest(_abstract())[0] == 2
+    ckpt.close()
