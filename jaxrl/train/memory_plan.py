@@ -135,12 +135,12 @@ def _abstract(model_cfg: ModelConfig, train_key: TrainConfig):
     import jax
     from flax import nnx
 
-    from jaxrl.train.state import make_optimizer, model_graphdef
+    from jaxrl.train.state import make_optimizer, model_graphdef, trainable
 
     _, abstract_nnx = model_graphdef(model_cfg, train_key)
     params = nnx.to_pure_dict(abstract_nnx)
-    tx = make_optimizer(train_key)
-    return abstract_nnx, params, jax.eval_shape(tx.init, params), tx
+    tx = make_optimizer(train_key)  # LoRA: the optimiser holds the adapters only
+    return abstract_nnx, params, jax.eval_shape(tx.init, trainable(params, model_cfg)), tx
 
 
 def _shard_bytes(tree, shardings, itemsize: int | None = None) -> int:
@@ -153,7 +153,8 @@ def _shard_bytes(tree, shardings, itemsize: int | None = None) -> int:
 
 
 def _trainer_state_bytes(model_cfg: ModelConfig, train: TrainConfig, shape) -> dict:
-    """Per-device bytes of params, optimiser state and an f32 copy of the params."""
+    """Per-device bytes of params, optimiser state and an f32 copy of the trained params
+    (with LoRA also the frozen base and the adapters apart: `base`, `adapters`)."""
     import jax
     import optax
     from flax import nnx
@@ -164,21 +165,28 @@ def _trainer_state_bytes(model_cfg: ModelConfig, train: TrainConfig, shape) -> d
     # the fields that change no state shape (the suggestions vary them) share one eval_shape
     key = dataclasses.replace(train, micro_batches=1, remat="none", ref_dtype=None,
                               logprob_chunk=1, param_dtype="auto", compute_dtype="auto")
+    from jaxrl.models import lora
+
     abstract_nnx, params, opt, tx = _abstract(model_cfg, key)
     mesh = AbstractMesh(tuple(shape), ("fsdp", "tp"))
     param_sh = nnx.to_pure_dict(state_shardings(abstract_nnx, mesh, "trainer"))
+    (base, adapters), (base_sh, adapter_sh) = lora.split(params), lora.split(param_sh)
+    trained, trained_sh = (adapters, adapter_sh) if model_cfg.lora.enabled else (params,
+                                                                                 param_sh)
     rep = NamedSharding(mesh, PartitionSpec())
     opt_sh = []
 
     def shardings():  # traced: optax's placeholder init makes arrays, compiled when eager
-        opt_sh.append(optax.tree_map_params(tx, lambda _, s: s, opt, param_sh,
+        opt_sh.append(optax.tree_map_params(tx, lambda _, s: s, opt, trained_sh,
                                             transform_non_params=lambda _: rep))
 
     jax.eval_shape(shardings)
     opt_sh = opt_sh[0]
+    count = lambda tree: sum(math.prod(x.shape) for x in jax.tree.leaves(tree))  # noqa: E731
     return {"params": _shard_bytes(params, param_sh), "opt": _shard_bytes(opt, opt_sh),
-            "f32": _shard_bytes(params, param_sh, 4), "abstract": abstract_nnx,
-            "count": sum(math.prod(x.shape) for x in jax.tree.leaves(params))}
+            "f32": _shard_bytes(trained, trained_sh, 4), "abstract": abstract_nnx,
+            "count": count(params), "base": _shard_bytes(base, base_sh),
+            "adapters": _shard_bytes(adapters, adapter_sh), "adapter_count": count(adapters)}
 
 
 def _generator_bytes(abstract_nnx, gen_dtype: str, shape) -> int:
@@ -244,15 +252,27 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
     tm = dataclasses.replace(model_cfg, param_dtype=pdt, dtype=cdt)
     st = _trainer_state_bytes(tm, train, tshape)
     fsdp, ttp = tshape
-    items = [Item("trainer", f"parameters ({pdt}, {st['count'] / 1e6:.1f}M)", st["params"]),
-             Item("trainer", "optimizer state", st["opt"], "make_optimizer's, by eval_shape")]
-    if train.needs_reference:
+    lora_on = model_cfg.lora.enabled
+    if lora_on:
+        items = [Item("trainer", f"frozen base ({pdt}, "
+                                 f"{(st['count'] - st['adapter_count']) / 1e6:.1f}M)", st["base"]),
+                 Item("trainer", f"LoRA adapters (float32, rank {model_cfg.lora.rank}, "
+                                 f"{st['adapter_count'] / 1e6:.2f}M)", st["adapters"])]
+    else:
+        items = [Item("trainer", f"parameters ({pdt}, {st['count'] / 1e6:.1f}M)", st["params"])]
+    items.append(Item("trainer", "optimizer state" + (" (adapters only)" if lora_on else ""),
+                      st["opt"], "make_optimizer's, by eval_shape"))
+    if train.needs_reference and lora_on:
+        items.append(Item("trainer", "reference policy (the base, zero adapters)",
+                          st["adapters"]))
+    elif train.needs_reference:
         rdt = train.ref_dtype or pdt
         items.append(Item("trainer", f"reference policy ({rdt})",
                           st["params"] * _BYTES[rdt] // _BYTES[pdt]))
     act, (rows, micro, length), flash, remat = train_step_activations(cfg, tm, tshape,
                                                                       max_seq_len, platform)
-    grads = st["params"] + (st["f32"] if train.micro_batches > 1 else 0)
+    trained = st["adapters"] if lora_on else st["params"]
+    grads = trained + (st["f32"] if train.micro_batches > 1 else 0)
     # gradients + update take ~2.5x the f32 params in the compiled step (CPU, a 21M-parameter
     # model, 1 and 2 micro-batches; docs/memory.md): the update reuses the accumulator's buffer
     update = st["f32"] * 3 // 2 - (st["f32"] if train.micro_batches > 1 else 0)
@@ -289,7 +309,13 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
                                                  gshape, _BYTES[gdt])
     logits = 2 * _array_bytes((slots, model_cfg.vocab_size), ("batch", "vocab"), "generator",
                               gshape, 4)
-    items += [Item("generator", f"weights ({gdt})", _generator_bytes(st["abstract"], gdt, gshape)),
+    gen_weights = _generator_bytes(st["abstract"], gdt, gshape)
+    weights_note = ""
+    if lora_on and model_cfg.lora.generator == "merge":
+        # the base it received once + the merged copy of the model decode runs
+        gen_weights = 2 * gen_weights
+        weights_note = "LoRA merge: at most the kept base + the merged weights"
+    items += [Item("generator", f"weights ({gdt})", gen_weights, weights_note),
               Item("generator", f"KV cache ({slots} slots x {max_len} positions)", kv,
                    f"x {model_cfg.num_layers} layers x (k, v) x {model_cfg.num_kv_heads} kv "
                    f"heads x {model_cfg.head_size} x {gdt}"),

@@ -77,7 +77,12 @@ def compile_train_step(cfg: RunConfig, model_cfg: ModelConfig, mesh, *, max_seq_
 
     from jaxrl.train.batch import Batch
     from jaxrl.train.objective import correction_needs
-    from jaxrl.train.state import make_optimizer, model_graphdef, train_state_shardings
+    from jaxrl.train.state import (
+        frozen_shardings,
+        make_optimizer,
+        model_graphdef,
+        train_state_shardings,
+    )
     from jaxrl.train.step import batch_shardings, train_step
 
     t = cfg.train
@@ -95,10 +100,11 @@ def compile_train_step(cfg: RunConfig, model_cfg: ModelConfig, mesh, *, max_seq_
     abstract, shardings = train_state_shardings(m, t, mesh)
     graphdef, _ = model_graphdef(m, t)
     step = functools.partial(train_step, graphdef=graphdef, cfg=t, tx=make_optimizer(t))
-    fn = jax.jit(step, in_shardings=(shardings, batch_shardings(batch, mesh)),
+    frozen, frozen_sh = frozen_shardings(m, t, mesh)  # LoRA: the base beside the state
+    fn = jax.jit(step, in_shardings=(shardings, batch_shardings(batch, mesh), frozen_sh),
                  out_shardings=(shardings, None), donate_argnums=0)
     with jax.set_mesh(mesh):
-        return fn.lower(abstract, batch).compile()
+        return fn.lower(abstract, batch, frozen).compile()
 
 
 def train_step_activations(cfg: RunConfig, model_cfg: ModelConfig, trainer_shape,

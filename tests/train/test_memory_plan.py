@@ -172,3 +172,27 @@ def test_cli_prints_the_plan_and_answers_config_errors(tmp_path, capsys):
     assert "(float32, 494.0M)" in line and line.endswith(_fmt(494_032_768 * 4))
     assert "longest sequence 856 tokens" in out  # 224 x 1.5 + 8 + 512 and "colocated" in out
     assert rc in (0, 1) and ("settings that would make it fit" in out) == (rc == 1)
+
+
+def test_lora_plan_counts_a_bf16_base_and_f32_adapters_by_hand():
+    """LoRA rank 8 on every projection of SMALL, base in bf16: by hand, adapters per layer are
+    r x (in + out) for q (64 + 64), k and v (64 + 32 each), o (64 + 64), gate and up
+    (64 + 128 each), down (128 + 64); the optimiser holds only their two f32 moments."""
+    from jaxrl.config import LoraConfig
+
+    r = 8
+    per_layer = r * (128 + 96 + 96 + 128 + 192 + 192 + 192)
+    adapters = 2 * per_layer
+    base = SMALL.num_params()
+    model = dataclasses.replace(SMALL, param_dtype="bfloat16", lora=LoraConfig(rank=r))
+    cfg = dataclasses.replace(_small_run(), model=model)
+    lora_plan, full_plan = _plan(cfg), _plan(_small_run())
+    assert lora_plan.item("frozen base").bytes == 2 * base
+    assert lora_plan.item("LoRA adapters").bytes == 4 * adapters
+    assert lora_plan.item("optimizer").bytes == 2 * 4 * adapters + 2 * 4
+    assert lora_plan.item("gradients").bytes == 4 * adapters
+    assert full_plan.item("optimizer").bytes == 2 * 4 * base + 2 * 4
+    state = lambda plan, names: sum(plan.item(n).bytes for n in names)  # noqa: E731
+    lora_state = state(lora_plan, ("frozen base", "LoRA adapters", "optimizer", "gradients"))
+    full_state = state(full_plan, ("parameters", "optimizer", "gradients"))
+    assert lora_state < full_state / 3  # rank 8 of width 64: adapters are 1/8 of a matrix
