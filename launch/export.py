@@ -5,6 +5,11 @@ the tokenizer files (copied from the run's Hugging Face tokenizer; a run on jaxr
 tokenizer has none) and `generation_config.json` (EOS/pad ids, the run's sampling settings).
 `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` loads the result.
 
+A LoRA run (`model.lora.rank > 0`) is written as a PEFT adapter directory (`adapter_config.json`
++ `adapter_model.safetensors`; `peft.PeftModel.from_pretrained(base, OUT_DIR)` loads it onto the
+run's `--init` model, or onto `OUT_DIR/base/`, written beside it when the run's base was jaxrl's
+own init); `--merge` writes one merged model instead.
+
 Arguments are checked before JAX is imported, so a bad one is answered at once.
 """
 
@@ -27,6 +32,9 @@ def _parse(argv):
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="tensor dtype (default: the run's parameter dtype)")
+    p.add_argument("--merge", action="store_true",
+                   help="LoRA run: one merged model (W + s A B) instead of the PEFT adapter "
+                        "directory (a full-parameter run is always one model)")
     p.add_argument("--force", action="store_true", help="write into a non-empty OUT_DIR")
     return p.parse_args(argv)
 
@@ -45,11 +53,12 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"OUT_DIR {out} is not empty; choose another or pass --force")
         from jaxrl.controller.export import export_run
 
-        info = export_run(args.run_dir, out, step=step, dtype=args.dtype)
+        info = export_run(args.run_dir, out, step=step, dtype=args.dtype, merge=args.merge)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"exported {args.run_dir} step {info['step']} ({info['dtype']}) -> {out}")
+    what = "PEFT adapter" if info["adapter"] else "model"
+    print(f"exported {args.run_dir} step {info['step']} as a {what} ({info['dtype']}) -> {out}")
     print(f"files: {', '.join(info['files'])}")
     print(f"tokenizer: {info['tokenizer']}")
     return 0

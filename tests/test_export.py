@@ -1,6 +1,7 @@
 """`launch/export.py`: a run's checkpoint as a Hugging Face directory that `transformers` loads,
 with logits equal to jaxrl's; bad arguments answered before JAX is imported."""
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -128,3 +129,87 @@ def test_generate_cli_reads_a_run_directory(run, capsys):
     want = sample(nnx.merge(run["graphdef"], run["params"]), [tok.encode("1+1=")],
                   SamplingParams(max_tokens=3, temperature=0.0), eos_ids=[tok.eos_id])
     assert f"tokens: {want[0].tokens}" in out
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A LoRA run directory as `jaxrl.run` leaves it: the adapters (B non-zero) and their
+    optimiser state in the checkpoint, the digest of the seeded base beside them."""
+    from jaxrl.config import LoraConfig
+    from jaxrl.models import create_model, lora
+    from jaxrl.train.state import params_from_model
+
+    tmp = tmp_path_factory.mktemp("export_lora")
+    cfg = RunConfig(name="lora", run_dir=str(tmp / "runs"),
+                    model=tiny_model_config(hidden_size=32, intermediate_size=64, num_heads=2,
+                                            num_kv_heads=1, tie_embeddings=False,
+                                            lora=LoraConfig(rank=4, alpha=8.0)),
+                    mesh=MeshConfig(trainer=(1, 1), generator=(1, 1)),
+                    train=TrainConfig(lr=1e-3))
+    run_dir = build.prepare_run_dir(cfg, False, leader=True)
+    mesh = make_meshes(cfg.mesh).trainer
+    plain = dataclasses.replace(cfg.model, lora=LoraConfig())
+    base = params_from_model(create_model(plain, mesh=mesh, seed=cfg.seed))  # as run.py does
+    trainer = Trainer(cfg.model, cfg.train, mesh, params=base)
+    keys = iter(jax.random.split(jax.random.key(5), 100))
+    adapters = jax.tree.map(lambda p: 0.3 * jax.random.normal(next(keys), p.shape, p.dtype),
+                            trainer.state.params)
+    trainer.replace_state(trainer.state.replace(params=adapters))
+    ckpt = Checkpointer(run_dir / "checkpoints", every=1, keep=3)
+    build.register_lora_base(ckpt, trainer, cfg)
+    ckpt.save(trainer.state, step=2)
+    ckpt.close()
+    params = jax.device_get(lora.join(trainer.frozen, trainer.state.params))
+    return dict(cfg=cfg, dir=run_dir, params=params, graphdef=trainer.graphdef)
+
+
+def _torch_logits(model, tokens):
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(tokens)).logits.numpy()
+
+
+def test_lora_run_exports_a_peft_adapter_and_a_merged_model(lora_run, tmp_path, capsys):
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    model = nnx.merge(lora_run["graphdef"], lora_run["params"])  # the trainer's own params
+    tokens = np.random.RandomState(0).randint(3, 98, (2, 11))
+    positions = np.broadcast_to(np.arange(11), tokens.shape)
+    ours = np.asarray(model(jnp.asarray(tokens), jnp.asarray(positions),
+                            jnp.ones(tokens.shape, jnp.int32)))
+
+    out = tmp_path / "adapter"
+    assert _export_main()([str(lora_run["dir"]), str(out)]) == 0
+    assert "step 2 as a PEFT adapter" in capsys.readouterr().out
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["adapter_config.json", "adapter_model.safetensors", "base",
+                     "generation_config.json"], names
+    raw = json.loads((out / "adapter_config.json").read_text())
+    assert raw["r"] == 4 and raw["lora_alpha"] == 8.0 and len(raw["target_modules"]) == 7
+    base = transformers.AutoModelForCausalLM.from_pretrained(raw["base_model_name_or_path"])
+    plain = _torch_logits(base.float().eval(), tokens)
+    assert np.abs(ours - plain).max() > 0.1  # the adapters matter
+    pm = peft.PeftModel.from_pretrained(base, str(out)).eval()
+    assert np.abs(ours - _torch_logits(pm, tokens)).max() < 1e-4
+
+    merged = tmp_path / "merged"
+    assert _export_main()([str(lora_run["dir"]), str(merged), "--merge"]) == 0
+    assert sorted(p.name for p in merged.iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(merged)).float().eval()
+    assert np.abs(ours - _torch_logits(hf, tokens)).max() < 1e-4
+
+
+def test_lora_export_refuses_a_base_other_than_the_runs(lora_run, tmp_path, capsys):
+    """The base is rebuilt from the run's config; one that differs from the base the adapters
+    were trained on (here: another seed) is refused, not exported."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(lora_run["dir"], run_dir)
+    raw = json.loads((run_dir / "config.json").read_text())
+    (run_dir / "config.json").write_text(json.dumps({**raw, "seed": 1}))
+    assert _export_main()([str(run_dir), str(tmp_path / "out")]) == 2
+    assert "trained on another base" in capsys.readouterr().err

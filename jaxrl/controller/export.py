@@ -3,7 +3,10 @@ as a Hugging Face directory (`launch/export.py`, `python -m jaxrl.generate --mod
 
 A run directory holds `config.json` (the `RunConfig`, `jaxrl.config.to_dict`) and
 `checkpoints/<step>/` (orbax, the whole `TrainState`). Only the policy parameters are read back
-(a partial restore: no optimiser state is loaded), as host arrays.
+(a partial restore: no optimiser state is loaded), as host arrays. A LoRA run's checkpoint holds
+the adapters only: its frozen base is rebuilt the way the run built it (`build.initial_params`:
+the `init` model, or the seeded init and SFT warm start) and checked against the digest the
+checkpoint recorded. Its export is a PEFT adapter directory, or one merged model.
 """
 
 from __future__ import annotations
@@ -116,32 +119,80 @@ def load_run(run_dir: str | Path, step: int | None = None):
     from flax import nnx
 
     from jaxrl.controller import build
+    from jaxrl.models import lora
     from jaxrl.tokenizers import load_tokenizer
-    from jaxrl.train.state import model_graphdef
+    from jaxrl.train.state import model_graphdef, trainable
 
     step = check_run_dir(run_dir, step)
     cfg = run_config(run_dir)
     tokenizer = load_tokenizer(cfg.tokenizer, init=cfg.init)
     model_cfg = build.model_config(cfg, tokenizer)
     graphdef, abstract = model_graphdef(model_cfg, cfg.train)
-    abstract_params = nnx.to_pure_dict(abstract)
+    abstract_params = trainable(nnx.to_pure_dict(abstract), model_cfg)  # LoRA: the adapters
     item = {"params": jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), abstract_params)}
     restore_args = jax.tree.map(lambda a: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    args = {"state": ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
+                                            partial_restore=True)}
+    if model_cfg.lora.enabled:
+        args["extra"] = ocp.args.JsonRestore()  # the digest of the base (build.register_lora_base)
     manager = ocp.CheckpointManager(Path(run_dir).absolute() / "checkpoints")
     try:
-        out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-            item=item, restore_args=restore_args, partial_restore=True)))
+        out = manager.restore(step, args=ocp.args.Composite(**args))
     finally:
         manager.close()
     params = jax.tree.map(np.asarray, out["state"]["params"])
-    # the master dtype the trainer kept (train.param_dtype); remat is a training setting
-    saved = np.dtype(jax.tree.leaves(params)[0].dtype).name
+    if model_cfg.lora.enabled:
+        # the base in the trainer's master dtype (train.param_dtype), as the run held it
+        saved = cfg.train.precision(model_cfg.param_dtype, model_cfg.dtype, "cpu")[0]
+        base = lora_base(cfg, dataclasses.replace(model_cfg, param_dtype=saved), tokenizer)
+        recorded = ((out.get("extra") or {}).get("lora_base") or {}).get("fingerprint")
+        if recorded is not None and build.base_fingerprint(base) != recorded:
+            raise ConfigError(
+                f"{run_dir}: checkpoint {step}'s adapters were trained on another base than the "
+                f"one rebuilt from the run's config (init={cfg.init!r}, seed={cfg.seed}): digest "
+                f"{build.base_fingerprint(base)}, recorded {recorded}; export with the base "
+                "the run started from")
+        params = lora.join(base, params)
+    else:
+        # the master dtype the trainer kept (train.param_dtype); remat is a training setting
+        saved = np.dtype(jax.tree.leaves(params)[0].dtype).name
     model_cfg = dataclasses.replace(model_cfg, param_dtype=saved, remat=False)
     graphdef, abstract = model_graphdef(model_cfg, cfg.train)
     state = nnx.to_pure_dict(abstract)
     jax.tree.map(lambda a, b: _check_shape(a, b, run_dir, step), state, params)
     nnx.replace_by_pure_dict(abstract, params)
     return cfg, model_cfg, nnx.merge(graphdef, abstract), step
+
+
+class _OneProcess:
+    """`build.initial_params`' view of the processes when one process rebuilds a base."""
+
+    multi = False
+
+    def check_sft_cached(self, *args) -> None:
+        return None
+
+
+def lora_base(cfg: RunConfig, model_cfg, tokenizer) -> dict:
+    """The frozen base of a LoRA run as host arrays in `model_cfg.param_dtype`, rebuilt the way
+    the run built it (`build.initial_params` on one device: the `init` model, the SFT warm start
+    from its cache -- trained again when the cache is gone -- or the seeded init)."""
+    import jax
+    import numpy as np
+
+    from jaxrl.config import MeshConfig
+    from jaxrl.controller import build
+    from jaxrl.sharding import make_meshes
+
+    mesh = make_meshes(MeshConfig(trainer=(1, 1), generator=(1, 1))).trainer
+    task = None
+    if cfg.data.sft.steps:
+        from jaxrl.data.tasks import build_task
+
+        task = build_task(cfg.data)
+    params, _ = build.initial_params(cfg, mesh, tokenizer, task, model_cfg, _OneProcess())
+    dtype = np.dtype(model_cfg.param_dtype)
+    return jax.tree.map(lambda x: np.asarray(jax.device_get(x)).astype(dtype), params)
 
 
 def _check_shape(want, got, run_dir, step) -> None:
@@ -169,18 +220,43 @@ def generation_config(cfg: RunConfig, tokenizer) -> dict:
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
-               dtype: str | None = None) -> dict:
+               dtype: str | None = None, merge: bool = False) -> dict:
     """Write checkpoint `step` (default latest) of `run_dir` as a Hugging Face directory:
     `model.safetensors` + `config.json` (in `dtype`, default the run's parameter dtype), the
-    tokenizer files (for a Hugging Face tokenizer) and `generation_config.json`. Returns what it
-    wrote: {"step", "dtype", "files", "tokenizer"}."""
-    from jaxrl.models.hf import save_pretrained
+    tokenizer files (for a Hugging Face tokenizer) and `generation_config.json`.
+
+    A LoRA run (`model.lora.rank > 0`) is written as a PEFT adapter directory
+    (`adapter_config.json` + `adapter_model.safetensors`, float32; its base_model_name_or_path is
+    the run's `init`); a run whose base is no Hugging Face model (the seeded init or SFT warm
+    start) also gets that base, in `dtype`, under `base/`, and the adapter names it. `merge`:
+    one merged model (`W + s A B`) instead. Returns what it wrote: {"step", "dtype", "files",
+    "tokenizer", "adapter"}."""
+    from flax import nnx
+
+    from jaxrl.models.hf import save_adapter, save_pretrained
+    from jaxrl.models.lora import split
     from jaxrl.tokenizers import load_tokenizer
+    from jaxrl.train.state import params_from_model
 
     out_dir = Path(out_dir)
     cfg, model_cfg, model, step = load_run(run_dir, step)
     dtype = dtype or model_cfg.param_dtype
-    save_pretrained(model, model_cfg, out_dir, dtype=dtype)
+    adapter = model_cfg.lora.enabled and not merge
+    if adapter:
+        base_name = cfg.init
+        if base_name is None:  # the base exists only in jaxrl: write it beside the adapter
+            from jaxrl.models.transformer import Transformer
+
+            plain_cfg = dataclasses.replace(model_cfg, lora=type(model_cfg.lora)())
+            graphdef, state = nnx.split(
+                nnx.eval_shape(lambda: Transformer(plain_cfg, rngs=nnx.Rngs(0))))
+            nnx.replace_by_pure_dict(state, split(params_from_model(model))[0])
+            base = nnx.merge(graphdef, state)
+            base_name = str(save_pretrained(base, plain_cfg, out_dir / "base", dtype=dtype)
+                            .absolute())
+        save_adapter(model, out_dir, base_model_name_or_path=base_name)
+    else:
+        save_pretrained(model, model_cfg, out_dir, dtype=dtype)
     tok_dir = tokenizer_dir(cfg)
     tokenizer = load_tokenizer(cfg.tokenizer, init=cfg.init)
     if tok_dir is not None:
@@ -193,5 +269,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = N
                     "form; encode with jaxrl.tokenizers.CharTokenizer")
     (out_dir / "generation_config.json").write_text(
         json.dumps(generation_config(cfg, tokenizer), indent=2))
-    return {"step": step, "dtype": str(dtype), "tokenizer": tok_note,
+    return {"step": step, "dtype": "float32 (adapters)" if adapter else str(dtype),
+            "tokenizer": tok_note, "adapter": adapter,
             "files": sorted(p.name for p in out_dir.iterdir())}
