@@ -146,3 +146,12 @@ def test_no_safe_point_within_the_grace_period_stops_without_a_checkpoint():
     finally:
         undo()
     assert time.monotonic() - t0 < 10
+
+
+def test_the_grace_period_is_a_finite_number_of_seconds():
+    from jaxrl.config import ConfigError, RunConfig
+
+    assert RunConfig().preemption_grace_s == 30.0
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="preemption_grace_s"):
+            RunConfig(preemption_grace_s=bad)
