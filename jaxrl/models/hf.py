@@ -2,19 +2,19 @@
 
 Supports `LlamaForCausalLM`, `Qwen2ForCausalLM` and `Qwen3ForCausalLM`. Tensors are read one at a
 time from memory-mapped safetensors files (bf16 included, via ml_dtypes), converted to jaxrl's
-layout, and — when a mesh is given — placed straight onto their shards.
+layout, and — when a mesh is given — placed straight onto their shards. LoRA adapters travel in
+PEFT's format (`load_pretrained(..., adapter=DIR)`, `save_adapter`: `jaxrl/models/peft_io.py`);
+the safetensors reader and writer are in `jaxrl/models/safetensors_io.py`.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
-import ml_dtypes
 import numpy as np
 from flax import nnx
 from flax.traverse_util import flatten_dict
@@ -24,6 +24,12 @@ from jaxrl.config import ConfigError, ModelConfig, RopeScaling
 from jaxrl.dtypes import canonical_dtype
 from jaxrl.models import lora
 from jaxrl.models.model import abstract_model
+from jaxrl.models.peft_io import (
+    adapter_map,
+    read_adapter,
+    save_adapter,  # noqa: F401  (re-exported: hf.save_adapter)
+)
+from jaxrl.models.safetensors_io import CheckpointError, read_safetensors, write_safetensors
 from jaxrl.models.transformer import Transformer
 from jaxrl.sharding import Role, state_shardings
 
@@ -33,57 +39,6 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-_ST_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-    "BOOL": np.bool_,
-}
-_ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory cannot be read as (or written to) a supported model."""
-
-
-# --------------------------------------------------------------------------- safetensors I/O
-
-
-def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """Memory-mapped arrays for every tensor in one `.safetensors` file."""
-    with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_len))
-    header.pop("__metadata__", None)
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
-    out = {}
-    for name, info in header.items():
-        if info["dtype"] not in _ST_DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-        start, end = info["data_offsets"]
-        out[name] = data[start:end].view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
-    return out
-
-
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    header, offset, blobs = {}, 0, []
-    for name, arr in tensors.items():
-        arr = np.ascontiguousarray(arr)
-        nbytes = arr.nbytes
-        header[name] = {"dtype": _ST_NAMES[arr.dtype], "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        blobs.append(arr)
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for arr in blobs:
-            f.write(arr.tobytes())
-    tmp.replace(path)
-
-
 def _checkpoint_tensors(path: Path) -> dict[str, np.ndarray]:
     index = path / "model.safetensors.index.json"
     if index.exists():
@@ -259,8 +214,6 @@ def load_pretrained(
         config_overrides.setdefault("param_dtype", dtype)
     tensors = _checkpoint_tensors(path)
     if adapter is not None:
-        from jaxrl.models.peft_io import read_adapter
-
         if "lora" in config_overrides:
             raise ConfigError("load_pretrained: pass adapter= or lora=, not both (an adapter's "
                               "LoraConfig comes from its adapter_config.json)")
@@ -275,8 +228,6 @@ def load_pretrained(
     flat_shardings = dict(shardings.flat_state()) if shardings is not None else {}
     tmap = _tensor_map(cfg)
     if adapter is not None:
-        from jaxrl.models.peft_io import adapter_map
-
         tmap.update(adapter_map(cfg))
         tensors.update(adapter_tensors)
     leaves = []
@@ -345,8 +296,3 @@ def save_pretrained(
     write_safetensors(path / "model.safetensors", tensors)
     (path / "config.json").write_text(json.dumps(config_to_hf(cfg, dtype), indent=2))
     return path
-
-
-# PEFT adapters, re-exported (imported last: jaxrl.models.peft_io uses the safetensors helpers
-# and CheckpointError above)
-from jaxrl.models.peft_io import read_adapter, save_adapter  # noqa: E402, F401

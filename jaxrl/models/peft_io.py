@@ -28,7 +28,7 @@ from flax.traverse_util import flatten_dict
 
 from jaxrl.config import LORA_TARGETS, ConfigError, LoraConfig, ModelConfig
 from jaxrl.models import lora
-from jaxrl.models.hf import CheckpointError, read_safetensors, write_safetensors
+from jaxrl.models.safetensors_io import CheckpointError, read_safetensors, write_safetensors
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
