@@ -1,6 +1,9 @@
 """A signal during the RL steps stops the run at the next safe point with a checkpoint at the last
 finished step, within `preemption_grace_s` (SIGTERM used to keep only the last periodic
-checkpoint, so up to `train.checkpoint_every - 1` steps were redone)."""
+checkpoint, so up to `train.checkpoint_every - 1` steps were redone; before that it killed the
+process with rc -15 mid-write). The end-to-end test also holds what test_sigterm.py checked:
+exit 143 with the line saying to --resume, nothing of the run left running, every metrics row
+once after the resume (a row written between two checkpoints used to be lost)."""
 
 import os
 import re
@@ -79,6 +82,9 @@ def test_sigterm_mid_step_checkpoints_the_last_finished_step_and_resumes_exactly
                       r"last finished step\); continue with --resume", out)
     assert found, out[-3000:]
     step = int(found.group(1))
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-s", str(victim.pid)], capture_output=True, text=True)
+    assert not left.stdout.strip(), f"processes of the run outlived it: {left.stdout}"
     run_dir = tmp_path / "runs" / "victim"
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(step))  # every row, whole
     assert 2 <= step < 8 and step != 5, "not a periodic checkpoint"
