@@ -122,8 +122,11 @@ def apply_staleness_bound(
 
 
 def staleness_stats(groups: list[Group], trainer_version: int) -> dict[str, float]:
-    """Token-weighted staleness (trainer version minus token version) over a batch."""
-    lags = [trainer_version - v for g in groups for r in g.rollouts for v in r.versions]
+    """Token-weighted staleness (trainer version minus token version) over a batch's model
+    tokens: every turn of a multi-turn episode counts with its own version; observation tokens
+    (mask 0) are the environment's and are not counted."""
+    lags = [trainer_version - v for g in groups for r in g.rollouts
+            for v, m in zip(r.versions, r.mask or [1] * len(r.versions), strict=True) if m]
     if not lags:
         return {"staleness/mean": 0.0, "staleness/max": 0.0}
     return {"staleness/mean": float(np.mean(lags)), "staleness/max": float(np.max(lags))}
