@@ -15,6 +15,7 @@ BENCHMARKS = {
     "pipeline": "jaxrl.benchmarks.pipeline",
     "kernels": "jaxrl.benchmarks.kernels",
     "math": "jaxrl.benchmarks.math",
+    "agentic": "jaxrl.benchmarks.agentic",
 }
 
 
