@@ -346,21 +346,29 @@ def _records_task(cfg: DataConfig) -> Task:
 
 # --- multi-turn environments' tasks (the environments: jaxrl/envs/builtin.py) ------------------
 
-def make_lookup(split: str, index: int, seed: int) -> dict:
-    """A key whose digit only the tool knows; the demonstration asks the tool, then answers a
-    digit that is NOT the tool's (the SFT warm start teaches the format, RL the copying)."""
+# Share of `lookup` demonstrations that answer the tool's digit, by data.difficulty: the rest
+# answer another digit, so the SFT warm start teaches the format (ask, then one digit) and a
+# partial habit of copying; RL has to make the copying reliable.
+LOOKUP_COPY_SHARE = (0.5, 0.25, 0.1, 0.0)
+
+
+def make_lookup(split: str, index: int, seed: int, copy_share: float = 0.0) -> dict:
+    """A key whose digit only the tool knows; the demonstration asks the tool, then answers the
+    tool's digit with probability `copy_share`, else another digit (uniform over the nine)."""
     rng = random.Random(f"lookup:{seed}:{split}:{index}")
     key, digit = rng.choice("abcdefghjkmnpqrstuvwxyz"), rng.randrange(10)
     other = (digit + 1 + rng.randrange(9)) % 10
+    said = digit if rng.random() < copy_share else other
     return {"uid": f"lookup:{split}:{index}", "prompt": f"{key}=", "answer": str(digit),
-            "demo": f"?{digit};{other}"}
+            "demo": f"?{digit};{said}"}
 
 
 @register_task("lookup")
 def _lookup_task(cfg: DataConfig) -> Task:
     @functools.cache
     def make_source(split: str):
-        make = functools.partial(make_lookup, split, seed=cfg.seed)
+        make = functools.partial(make_lookup, split, seed=cfg.seed,
+                                 copy_share=LOOKUP_COPY_SHARE[cfg.difficulty])
         return GeneratedSource(make, _split_sizes(cfg, split), f"lookup-{split}")
 
     return Task("lookup", make_source, lambda r, chat: r["demo"], lambda r: r["prompt"],

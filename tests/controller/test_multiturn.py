@@ -187,3 +187,13 @@ def test_stop_strings_must_be_one_token():
     with pytest.raises(ValueError, match="exactly one token"):
         stop_token_ids(TOK, ("</tool_call>",))
     assert jnp.asarray(0) == 0
+
+
+def test_lookup_demonstrations_copy_the_tool_in_the_share_set_by_difficulty():
+    from jaxrl.data.tasks import LOOKUP_COPY_SHARE, make_lookup
+
+    for share in LOOKUP_COPY_SHARE:
+        records = [make_lookup("train", i, seed=0, copy_share=share) for i in range(2000)]
+        assert all(r["demo"][:3] == f"?{r['answer']};" for r in records)  # always asks first
+        copied = np.mean([r["demo"][3] == r["answer"] for r in records])
+        assert abs(copied - share) < 0.035, (share, copied)
