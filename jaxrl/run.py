@@ -102,9 +102,10 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
     data_states = DataStates(prompts, tracker, processes)
     # 3. the trainer (its state from HF / SFT, or from the latest checkpoint)
     params, sft_metrics = None, {}
-    if not resume:
+    if not resume or model_cfg.lora.enabled:  # a LoRA checkpoint holds the adapters only
         params, sft_metrics = build.initial_params(cfg, meshes.trainer, tokenizer, task,
                                                    model_cfg, processes)
+        sft_metrics = {} if resume else sft_metrics
     ref = build.reference_params(cfg, meshes.trainer, tokenizer, task, model_cfg, processes,
                                  params)
     trainer = Trainer(model_cfg, cfg.train, meshes.trainer, params=params, ref_params=ref)
@@ -115,6 +116,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
                         keep=cfg.train.checkpoint_keep)
     closers.append(ckpt.close)
     data_states.register(ckpt)
+    build.register_lora_base(ckpt, trainer, cfg)
     start_step = 0
     if resume:  # checkpoints are numbered by pipeline steps done
         start_step, state = ckpt.restore_newest(trainer.abstract_state)  # skips damaged ones
@@ -127,7 +129,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
     publisher, engine, scheduler = build.generator(
         cfg, model_cfg, meshes.generator, trainer.state.params,
         seq_len=seq_len, version=start_step,
-        eos_id=tokenizer.eos_id, multi=processes.multi)
+        eos_id=tokenizer.eos_id, multi=processes.multi, base=trainer.frozen)
     pool, scorer = build.rewards(cfg, task, multi=processes.multi, closers=closers)
     env_runner = build_runner(cfg, task, scheduler, tokenizer, scorer, closers)  # multi-turn
     producer = RolloutProducer(
