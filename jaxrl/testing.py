@@ -24,7 +24,8 @@ TINY_HF_KW = dict(
 
 
 def make_hf_model(arch: str, path: str | Path | None = None, seed: int = 0, **overrides):
-    """A tiny random `transformers` model of `arch` (llama | qwen2 | qwen3), optionally saved.
+    """A tiny random `transformers` model of `arch` (llama | qwen2 | qwen3 | qwen3_moe), optionally
+    saved.
 
     Weights are drawn with std 0.2 (not HF's 0.02) so logits vary enough for parity to mean much.
     """
@@ -42,8 +43,13 @@ def make_hf_model(arch: str, path: str | Path | None = None, seed: int = 0, **ov
         kw.setdefault("head_dim", 16)
         cfg = transformers.Qwen3Config(**kw)
         cls = transformers.Qwen3ForCausalLM
+    elif arch == "qwen3_moe":
+        kw = dict(dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32), **kw)
+        cfg = transformers.Qwen3MoeConfig(**kw)
+        cls = transformers.Qwen3MoeForCausalLM
     else:
-        raise ValueError(f"unknown arch {arch!r}; valid: ['llama', 'qwen2', 'qwen3']")
+        raise ValueError(f"unknown arch {arch!r}; valid: ['llama', 'qwen2', 'qwen3', 'qwen3_moe']")
     torch.manual_seed(seed)
     model = cls(cfg).float().eval()
     with torch.no_grad():

@@ -21,7 +21,7 @@ from jaxrl.config.base import (
 from jaxrl.dtypes import canonical_dtype
 
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
-Architecture = Literal["llama", "qwen2", "qwen3"]
+Architecture = Literal["llama", "qwen2", "qwen3", "qwen3_moe"]
 KVLayout = Literal["contiguous", "paged"]
 LoraTarget = Literal["q", "k", "v", "o", "gate", "up", "down"]
 LoraGenerator = Literal["merge", "forward"]
@@ -82,7 +82,15 @@ class LoraConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only transformer of the Llama / Qwen2 / Qwen3 family."""
+    """A decoder-only transformer of the Llama / Qwen2 / Qwen3 family, or Qwen3-MoE.
+
+    Mixture of experts (`architecture="qwen3_moe"`, `num_experts > 0`; HF's `Qwen3MoeConfig`):
+    layer i is sparse when `i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0`,
+    else a dense MLP of `intermediate_size`. A sparse layer routes each token to the
+    `experts_per_token` experts of highest softmax probability (renormalised over those when
+    `norm_topk_prob`), each a SwiGLU MLP of `moe_intermediate_size`. `router_aux_loss_coef` > 0
+    adds the Switch-Transformer load-balancing loss to the training loss (off by default for RL).
+    """
 
     architecture: Architecture = "qwen2"
     vocab_size: int = 128
@@ -105,8 +113,16 @@ class ModelConfig:
     attention_impl: AttentionImpl = "auto"
     remat: bool = False  # rematerialise each decoder layer in the backward pass
     lora: LoraConfig = LoraConfig()  # low-rank adapters (rank 0: off)
+    num_experts: int = 0  # > 0: mixture of experts (architecture qwen3_moe)
+    experts_per_token: int = 2  # top-k
+    moe_intermediate_size: int | None = None  # None: intermediate_size
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    router_aux_loss_coef: float = 0.0
 
     def __post_init__(self):
+        object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
         for name in ("dtype", "param_dtype"):  # jnp.bfloat16, np.float32, "bfloat16", ...
             object.__setattr__(self, name,
                                canonical_dtype(getattr(self, name), f"model.{name}", ConfigError))
@@ -131,13 +147,58 @@ class ModelConfig:
                 f"model.hidden_size ({self.hidden_size}) is not divisible by model.num_heads "
                 f"({self.num_heads}); set model.head_dim explicitly"
             )
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        moe = self.architecture == "qwen3_moe"
+        if moe != (self.num_experts > 0):
+            raise ConfigError(
+                f"model.num_experts={self.num_experts} with model.architecture="
+                f"{self.architecture!r}: a mixture of experts is architecture 'qwen3_moe' with "
+                "num_experts > 0, every other architecture has num_experts 0")
+        if not moe:
+            return
+        check_positive("model", experts_per_token=self.experts_per_token,
+                       moe_intermediate_size=self.moe_intermediate_size,
+                       decoder_sparse_step=self.decoder_sparse_step)
+        if self.experts_per_token > self.num_experts:
+            raise ConfigError(
+                f"model.experts_per_token ({self.experts_per_token}) must be <= "
+                f"model.num_experts ({self.num_experts})")
+        bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
+        if bad:
+            raise ConfigError(f"model.mlp_only_layers: layer indices must lie in "
+                              f"[0, {self.num_layers}), got {list(self.mlp_only_layers)}")
+        if not math.isfinite(self.router_aux_loss_coef) or self.router_aux_loss_coef < 0:
+            raise ConfigError(f"model.router_aux_loss_coef must be a finite number >= 0 "
+                              f"(0: off), got {self.router_aux_loss_coef}")
+        mlp_targets = [t for t in self.lora.targets if t in ("gate", "up", "down")]
+        if self.lora.enabled and mlp_targets:
+            raise ConfigError(
+                f"model.lora.targets {list(self.lora.targets)} include MLP projections "
+                f"{mlp_targets}, which a mixture-of-experts model does not adapt (LoRA on expert "
+                "weights is not supported); set model.lora.targets to attention projections, "
+                "e.g. --model.lora.targets=q,k,v,o")
+
+    def is_sparse_layer(self, i: int) -> bool:
+        """Whether layer `i` is a mixture-of-experts layer (HF Qwen3-MoE's rule)."""
+        return (self.num_experts > 0 and i not in self.mlp_only_layers
+                and (i + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def expert_size(self) -> int:
+        """The intermediate size of one expert."""
+        if self.moe_intermediate_size is None:
+            return self.intermediate_size
+        return self.moe_intermediate_size
 
     @property
     def head_size(self) -> int:
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
 
-    def num_params(self, include_embeddings: bool = True) -> int:
-        """Parameter count (used for FLOP estimates)."""
+    def num_params(self, include_embeddings: bool = True, active: bool = False) -> int:
+        """Parameter count (used for FLOP estimates); `active`: of a mixture of experts, only the
+        router and the `experts_per_token` experts one token passes through."""
         e, f, d = self.hidden_size, self.intermediate_size, self.head_size
         attn = e * d * (self.num_heads * 2 + self.num_kv_heads * 2)
         if self.qkv_bias:
@@ -146,8 +207,13 @@ class ModelConfig:
             attn += 2 * d
         if self.o_bias:
             attn += e
-        layer = attn + 3 * e * f + 2 * e
-        total = self.num_layers * layer + e
+        total = self.num_layers * (attn + 2 * e) + e
+        experts = self.experts_per_token if active else self.num_experts
+        for i in range(self.num_layers):
+            if self.is_sparse_layer(i):
+                total += e * self.num_experts + 3 * e * self.expert_size * experts
+            else:
+                total += 3 * e * f
         if include_embeddings:
             total += self.vocab_size * e * (1 if self.tie_embeddings else 2)
         return total

@@ -1,6 +1,7 @@
 """Hugging Face checkpoints: read and write local `config.json` + `*.safetensors` directories.
 
-Supports `LlamaForCausalLM`, `Qwen2ForCausalLM` and `Qwen3ForCausalLM`. Tensors are read one at a
+Supports `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `Qwen3MoeForCausalLM`
+(its experts: `jaxrl/models/hf_moe.py`). Tensors are read one at a
 time from memory-mapped safetensors files (bf16 included, via ml_dtypes), converted to jaxrl's
 layout, and — when a mesh is given — placed straight onto their shards. LoRA adapters travel in
 PEFT's format (`load_pretrained(..., adapter=DIR)`, `save_adapter`: `jaxrl/models/peft_io.py`);
@@ -22,7 +23,7 @@ from jax.sharding import Mesh
 
 from jaxrl.config import ConfigError, ModelConfig, RopeScaling
 from jaxrl.dtypes import canonical_dtype
-from jaxrl.models import lora
+from jaxrl.models import hf_moe, lora
 from jaxrl.models.model import abstract_model
 from jaxrl.models.peft_io import (
     adapter_map,
@@ -37,8 +38,9 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
-_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
 def _checkpoint_tensors(path: Path) -> dict[str, np.ndarray]:
     index = path / "model.safetensors.index.json"
     if index.exists():
@@ -98,8 +100,10 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)),
         o_bias=arch == "llama" and bool(hf.get("attention_bias", False)),
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "qwen3_moe"),
     )
+    if arch == "qwen3_moe":
+        fields.update(hf_moe.config_fields(hf))
     fields.update(overrides)
     return ModelConfig(**fields)
 
@@ -132,6 +136,8 @@ def config_to_hf(cfg: ModelConfig, dtype: Any = "float32") -> dict:
             raise CheckpointError("a Llama checkpoint needs qkv_bias == o_bias (attention_bias)")
         out["attention_bias"] = cfg.qkv_bias
         out["mlp_bias"] = False
+    if cfg.architecture == "qwen3_moe":
+        out.update(hf_moe.config_to_hf(cfg))
     if cfg.rope_scaling is not None:
         rs = cfg.rope_scaling
         out["rope_scaling"] = {
@@ -180,6 +186,9 @@ def _tensor_map(cfg: ModelConfig) -> dict[tuple, tuple[str, Convert, Convert]]:
         if cfg.qk_norm:
             m[a + ("attn", "q_norm", "weight")] = (p + "self_attn.q_norm.weight", *same)
             m[a + ("attn", "k_norm", "weight")] = (p + "self_attn.k_norm.weight", *same)
+        if cfg.is_sparse_layer(i):
+            m.update(hf_moe.layer_map(p, a))
+            continue
         for name in ("gate", "up", "down"):
             m[a + ("mlp", f"{name}_proj")] = (p + f"mlp.{name}_proj.weight", *transpose)
     return m
@@ -223,6 +232,8 @@ def load_pretrained(
                           "load; load the base and let the trainer draw fresh adapters, or pass "
                           "a PEFT adapter directory as adapter=")
     cfg = config_from_hf(json.loads((path / "config.json").read_text()), **config_overrides)
+    if cfg.num_experts:
+        tensors = hf_moe.stack_experts(tensors, cfg)
     graphdef, abstract = nnx.split(abstract_model(cfg))
     shardings = state_shardings(abstract, mesh, role) if mesh is not None else None
     flat_shardings = dict(shardings.flat_state()) if shardings is not None else {}
@@ -293,6 +304,6 @@ def save_pretrained(
         name, _, to_hf = tmap[path_key]
         host = np.asarray(jax.device_get(value), dtype=np.float32)
         tensors[name] = to_hf(host).astype(np_dtype)
-    write_safetensors(path / "model.safetensors", tensors)
+    write_safetensors(path / "model.safetensors", hf_moe.unstack_experts(tensors))
     (path / "config.json").write_text(json.dumps(config_to_hf(cfg, dtype), indent=2))
     return path

@@ -1,8 +1,9 @@
-"""A decoder-only transformer for the Llama / Qwen2 / Qwen3 families, in Flax NNX.
+"""A decoder-only transformer for the Llama / Qwen2 / Qwen3 families and Qwen3-MoE, in Flax NNX.
 
 RMSNorm, rotary embeddings (theta, optional Llama-3 frequency scaling), grouped-query attention,
 SwiGLU MLP, optional QKV bias (Qwen2), optional per-head q/k RMSNorm (Qwen3), tied or untied
-embeddings. Every parameter carries `logical_axes` metadata; `jaxrl.sharding` maps them to a mesh.
+embeddings; the sparse layers of a mixture of experts use `jaxrl.models.moe.MoE`. Every
+parameter carries `logical_axes` metadata; `jaxrl.sharding` maps them to a mesh.
 
 Shape suffixes: B batch, T query length, S key length, E embed, H query heads, K kv heads,
 D head dim, F mlp, V vocab, L layers.
@@ -21,6 +22,7 @@ from flax import nnx
 from jaxrl.config import ModelConfig
 from jaxrl.models import lora
 from jaxrl.models.attention import attention, cached_attention
+from jaxrl.models.moe import MoE
 from jaxrl.models.swiglu import swiglu
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -228,21 +230,51 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, index: int = 0):
         pd = DTYPES[cfg.param_dtype]
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
         self.attn = Attention(cfg, rngs)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
-        self.mlp = MLP(cfg, rngs)
+        self.sparse = cfg.is_sparse_layer(index)
+        if self.sparse:
+            self.mlp = MoE(cfg, rngs, lambda r, shape, axes, std: _param(r, shape, axes, pd, std))
+        else:
+            self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x_BTE, rope, segment_ids_BT):
+    def _mlp(self, x_BTE, experts_BTK):
+        """The residual MLP; `(x_BTE, routing)`, routing `(logits_NX, experts_NK)` of a sparse
+        layer (None for a dense one)."""
+        if not self.sparse:
+            return x_BTE + self.mlp(self.post_attn_norm(x_BTE)), None
+        out_BTE, logits_NX, experts_NK = self.mlp(self.post_attn_norm(x_BTE), experts_BTK)
+        return x_BTE + out_BTE, (logits_NX, experts_NK)
+
+    def __call__(self, x_BTE, rope, segment_ids_BT, experts_BTK=None):
         x_BTE = x_BTE + self.attn(self.input_norm(x_BTE), rope, segment_ids_BT)
-        return x_BTE + self.mlp(self.post_attn_norm(x_BTE))
+        return self._mlp(x_BTE, experts_BTK)
 
     def decode(self, x_BTE, rope, attend):
         h, layer_cache = self.attn.decode(self.input_norm(x_BTE), rope, attend)
-        x_BTE = x_BTE + h
-        return x_BTE + self.mlp(self.post_attn_norm(x_BTE)), layer_cache
+        x_BTE, routing = self._mlp(x_BTE + h, None)
+        return x_BTE, layer_cache, routing
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Routing:
+    """The routing of a mixture of experts' sparse layers, stacked in layer order (Ls of them):
+    router logits `[Ls, N, X]` (N = B*T tokens) and the chosen experts `[Ls, B, T, K]`."""
+
+    logits_LNX: jax.Array
+    experts_LBTK: jax.Array
+
+
+def _stack_routing(routings, shape_BT) -> Routing | None:
+    routings = [r for r in routings if r is not None]
+    if not routings:
+        return None
+    return Routing(logits_LNX=jnp.stack([lg for lg, _ in routings]),
+                   experts_LBTK=jnp.stack([e.reshape(*shape_BT, -1) for _, e in routings]))
 
 
 class Transformer(nnx.Module):
@@ -252,7 +284,7 @@ class Transformer(nnx.Module):
         pd = DTYPES[cfg.param_dtype]
         self.cfg = cfg
         self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd, 0.02)
-        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.layers = nnx.List([DecoderLayer(cfg, rngs, i) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
         if not cfg.tie_embeddings:
             self.lm_head = _param(
@@ -273,17 +305,30 @@ class Transformer(nnx.Module):
         `rope`: `rope_tables(cfg, positions_BT)` computed by the caller, e.g. once outside a loop
         over micro-batches (inside the loop body, XLA's CPU backend fuses cos/sin into every
         rotation and re-evaluates them per head); by default computed here."""
+        return self.hidden_routed(tokens_BT, positions_BT, segment_ids_BT, rope)[0]
+
+    def hidden_routed(self, tokens_BT, positions_BT=None, segment_ids_BT=None, rope=None,
+                      experts_LBTK=None):
+        """`(h_BTE, routing)`: `hidden` and the `Routing` of the sparse layers (None for a dense
+        model). `experts_LBTK`: replay these experts in the sparse layers (routing replay) instead
+        of the router's top-k; the router still weights them (`jaxrl.models.moe`)."""
         if positions_BT is None:
             positions_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[1]), tokens_BT.shape)
         if rope is None:
             rope = rope_tables(self.cfg, positions_BT)
         x_BTE = self._embed(tokens_BT)
+        routings, s = [], 0
         for layer in self.layers:
+            experts_BTK = None
+            if layer.sparse and experts_LBTK is not None:
+                experts_BTK, s = experts_LBTK[s], s + 1
             if self.cfg.remat:
-                x_BTE = nnx.remat(lambda lyr, x: lyr(x, rope, segment_ids_BT))(layer, x_BTE)
+                x_BTE, routing = nnx.remat(lambda lyr, x, ex: lyr(x, rope, segment_ids_BT, ex))(
+                    layer, x_BTE, experts_BTK)
             else:
-                x_BTE = layer(x_BTE, rope, segment_ids_BT)
-        return self.final_norm(x_BTE)
+                x_BTE, routing = layer(x_BTE, rope, segment_ids_BT, experts_BTK)
+            routings.append(routing)
+        return self.final_norm(x_BTE), _stack_routing(routings, tokens_BT.shape)
 
     def head_weight(self, dtype) -> jax.Array:
         """The lm head as `[E, V]` in `dtype` (the embedding, transposed, when tied)."""
@@ -320,7 +365,7 @@ class Transformer(nnx.Module):
         for i, layer in enumerate(self.layers):
             attend = functools.partial(cache.write_and_attend, i, positions_BT=positions_BT,
                                        kv_lengths_B=lengths_B + t, impl=self.cfg.attention_impl)
-            x_BTE, layer_cache = layer.decode(x_BTE, rope, attend)
+            x_BTE, layer_cache, _ = layer.decode(x_BTE, rope, attend)
             layer_caches.append(layer_cache)
         new_cache = cache.with_layers(layer_caches, new_lengths_B.astype(jnp.int32))
         return self.final_norm(x_BTE), new_cache
