@@ -1,0 +1,7 @@
+"""A Tinker-compatible training and sampling service over jaxrl (the `service` extra).
+
+`python launch/serve.py --base-model DIR_OR_ID` serves one base model; scripts written against
+the official `tinker` SDK point `ServiceClient(base_url=...)` at it. `backend.py`: the base, the
+LoRA training clients, sampling; `server.py`: HTTP routes and futures; `wire.py`: protobuf
+bodies; `losses.py`: the SDK's built-in losses. See docs/service.md.
+"""

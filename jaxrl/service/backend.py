@@ -1,0 +1,349 @@
+"""One frozen base, many LoRA training clients: the compute behind the Tinker service.
+
+A training client is a `TrainingModel`: its adapters (`*_lora_a` / `*_lora_b`, pure dicts), its
+Adam moments, its accumulated gradients. The base is held once (`Backend.base`) and joined to a
+client's adapters inside each jitted function (`lora.join`), so clients share the base and its
+compiled functions (one per adapter layout and loss), never each other's state: a client's
+arrays are only read and written by its own requests.
+
+`forward_backward` adds the gradient of the summed loss to the client's accumulator (Tinker's
+semantics: several calls then one `optim_step`); `optim_step` applies Adam with the request's
+hyper-parameters and clears it. Sampling goes through jaxrl's own engine (`JaxEngine` +
+`generate.api.sample`), one engine per adapter layout with the snapshot's weights swapped in.
+Every method runs on the server's single worker thread (see `server.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxrl.config import LoraConfig, ModelConfig
+from jaxrl.generate import api as gen_api
+from jaxrl.generate.engine import JaxEngine
+from jaxrl.generate.sampling import SamplingParams
+from jaxrl.models import lora
+from jaxrl.models.model import abstract_model
+from jaxrl.models.transformer import Transformer
+from jaxrl.rounding import next_power_of_two
+from jaxrl.service.losses import LOSSES
+from jaxrl.service.wire import ForwardBackwardRequest
+
+ATTN, MLP = ("q", "k", "v", "o"), ("gate", "up", "down")
+
+
+class UserError(ValueError):
+    """A request the server rejects (reported to the client as a user error)."""
+
+
+class NotFound(UserError):
+    """A model id or weights path the server does not know."""
+
+
+@dataclasses.dataclass
+class TrainingModel:
+    model_id: str
+    lora: LoraConfig
+    graphdef: nnx.GraphDef
+    adapters: dict
+    mu: dict
+    nu: dict
+    steps: int = 0
+    grads: dict | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """Saved weights: a copy of the adapters (and optimiser state for `save_state`)."""
+
+    lora: LoraConfig | None
+    graphdef: nnx.GraphDef
+    adapters: dict
+    mu: dict | None = None
+    nu: dict | None = None
+    steps: int = 0
+
+
+def lora_config(rank: int, train_attn: bool = True, train_mlp: bool = True) -> LoraConfig:
+    targets = (ATTN if train_attn else ()) + (MLP if train_mlp else ())
+    if not targets:
+        raise UserError("LoRA needs train_attn or train_mlp (jaxrl has no unembedding adapter)")
+    if not isinstance(rank, int) or rank < 1:
+        raise UserError(f"lora rank must be an integer >= 1, got {rank!r}")
+    return LoraConfig(rank=rank, targets=targets)
+
+
+# ----------------------------------------------------------------------- jitted pure functions
+
+
+def _logprobs(adapters, base, tokens_BT, targets_BT, *, graphdef):
+    model = nnx.merge(graphdef, lora.join(base, adapters))
+    logits_BTV = model(tokens_BT)
+    logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
+    return jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1)[..., 0]
+
+
+def _loss(adapters, base, tokens_BT, targets_BT, mask_BT, inputs, cfg, *, graphdef, loss):
+    logp_BT = _logprobs(adapters, base, tokens_BT, targets_BT, graphdef=graphdef)
+    per_token_BT = LOSSES[loss][0](logp_BT, inputs, cfg) * mask_BT
+    return jnp.sum(per_token_BT), (logp_BT, per_token_BT)
+
+
+@functools.cache
+def _jitted(graphdef, loss: str, backward: bool):
+    fn = functools.partial(_loss, graphdef=graphdef, loss=loss)
+    if backward:
+        return jax.jit(jax.value_and_grad(fn, has_aux=True))
+    return jax.jit(fn)
+
+
+_accumulate = jax.jit(lambda acc, g: jax.tree.map(jnp.add, acc, g), donate_argnums=0)
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 2, 3))
+def adam_update(params, grads, mu, nu, count, hp):
+    """Decoupled-weight-decay Adam (AdamW, Loshchilov & Hutter 2019) with Tinker's `AdamParams`
+    (`hp`: learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm; clipping by global norm
+    when > 0). `count` is the 1-based step for bias correction."""
+    gnorm = optax.global_norm(grads)
+    clip = hp["grad_clip_norm"]
+    scale = jnp.where(clip > 0, jnp.minimum(1.0, clip / jnp.maximum(gnorm, 1e-12)), 1.0)
+    b1, b2 = hp["beta1"], hp["beta2"]
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g * scale, mu, grads)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g * scale), nu, grads)
+    c1, c2 = 1 - b1**count, 1 - b2**count
+
+    def step(p, m, v):
+        upd = (m / c1) / (jnp.sqrt(v / c2) + hp["eps"]) + hp["weight_decay"] * p
+        return p - hp["learning_rate"] * upd
+
+    return jax.tree.map(step, params, mu, nu), mu, nu, gnorm
+
+
+ADAM_DEFAULTS = dict(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12, weight_decay=0.0,
+                     grad_clip_norm=0.0)
+
+
+# ----------------------------------------------------------------------------- the backend
+
+
+class Backend:
+    """The base model, the training clients and the saved weights of one server."""
+
+    def __init__(self, cfg: ModelConfig, base: dict, name: str, *, max_len: int = 512,
+                 num_slots: int = 8, eos_ids=(), max_batch_tokens: int = 65536):
+        self.cfg, self.base, self.name = cfg, base, name
+        max_len = min(max_len, cfg.max_position_embeddings)
+        self.max_len, self.num_slots, self.eos_ids = max_len, num_slots, tuple(eos_ids)
+        self.max_batch_tokens = max_batch_tokens
+        self.models: dict[str, TrainingModel] = {}
+        self.snapshots: dict[str, Snapshot] = {}
+        self._engines: dict = {}
+        self._ids = itertools.count()
+        self.base_graphdef = nnx.split(abstract_model(cfg))[0]
+
+    @classmethod
+    def load(cls, ref: str, **kw) -> Backend:
+        """`ref`: "tiny" / "tiny-task" (random `presets` models with the char tokenizer's EOS:
+        tests and demos), a local Hugging Face directory or a Hub id."""
+        if ref in ("tiny", "tiny-task"):
+            from jaxrl.presets import tiny_model_config, tiny_task_model_config
+            from jaxrl.tokenizers import load_tokenizer
+
+            cfg = tiny_model_config() if ref == "tiny" else tiny_task_model_config()
+            base = nnx.to_pure_dict(nnx.state(Transformer(cfg, rngs=nnx.Rngs(0))))
+            return cls(cfg, base, ref, eos_ids=(load_tokenizer("char").eos_id,), **kw)
+        from jaxrl.models.hf import load_pretrained
+        from jaxrl.models.hub import resolve
+
+        path = resolve(ref, what="--base-model")
+        cfg, model = load_pretrained(path)
+        eos = ()
+        try:
+            from jaxrl.tokenizers import load_tokenizer
+
+            eos = (load_tokenizer(str(path)).eos_id,)
+        except Exception:  # noqa: BLE001 - a checkpoint without a tokenizer samples to max_tokens
+            pass
+        base = lora.split(nnx.to_pure_dict(nnx.state(model)))[0]
+        return cls(cfg, base, ref.rstrip("/"), eos_ids=eos, **kw)
+
+    # ------------------------------------------------------------------ training clients
+
+    def _graph(self, lcfg: LoraConfig | None):
+        if lcfg is None:
+            return self.base_graphdef
+        return nnx.split(abstract_model(dataclasses.replace(self.cfg, lora=lcfg)))[0]
+
+    def create(self, lcfg: LoraConfig, seed: int | None = None) -> str:
+        mcfg = dataclasses.replace(self.cfg, lora=lcfg)
+        seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
+        init = lambda: lora.split(nnx.to_pure_dict(nnx.state(
+            Transformer(mcfg, rngs=nnx.Rngs(seed)))))[1]
+        adapters = jax.jit(init)()
+        zeros = lora.zeros_like(adapters)
+        model_id = f"run-{next(self._ids)}"
+        self.models[model_id] = TrainingModel(model_id, lcfg, self._graph(lcfg), adapters,
+                                              zeros, lora.zeros_like(adapters))
+        return model_id
+
+    def get(self, model_id: str) -> TrainingModel:
+        if model_id not in self.models:
+            raise NotFound(f"unknown model_id {model_id!r}; this server holds "
+                           f"{sorted(self.models) or 'no models'}")
+        return self.models[model_id]
+
+    def check(self, req: ForwardBackwardRequest) -> None:
+        """Reject a malformed batch before it is queued (shapes, ids, loss, size)."""
+        self.get(req.model_id)
+        if req.loss_fn not in LOSSES:
+            raise UserError(f"loss_fn {req.loss_fn!r} is not supported; this server has "
+                            f"{sorted(LOSSES)}")
+        _, required, optional, defaults = LOSSES[req.loss_fn]
+        unknown = sorted(set(req.config) - set(defaults))
+        if unknown:
+            raise UserError(f"loss_fn_config keys {unknown} are not used by {req.loss_fn}; "
+                            f"valid: {sorted(defaults)}")
+        if not req.data:
+            raise UserError("forward_backward needs at least one datum")
+        total = sum(len(d.tokens) for d in req.data)
+        if total > self.max_batch_tokens:
+            raise UserError(f"batch of {total} tokens exceeds the server's max_batch_tokens "
+                            f"({self.max_batch_tokens}); split it")
+        vocab = self.cfg.vocab_size
+        for i, d in enumerate(req.data):
+            n = len(d.tokens)
+            if not 0 < n <= self.max_len:
+                raise UserError(f"datum {i}: {n} tokens; need 1..{self.max_len}")
+            for key in ("target_tokens", *required):
+                if key not in d.inputs:
+                    raise UserError(f"datum {i}: loss_fn {req.loss_fn} needs loss_fn_inputs "
+                                    f"{key!r}; got {sorted(d.inputs)}")
+            for key, arr in d.inputs.items():
+                if arr.shape != (n,):
+                    raise UserError(f"datum {i}: loss_fn_inputs {key!r} has shape "
+                                    f"{list(arr.shape)}; expected [{n}] (one per input token)")
+            targets = d.inputs["target_tokens"]
+            for what, ids in (("model_input", d.tokens), ("target_tokens", targets)):
+                if ids.min() < 0 or ids.max() >= vocab:
+                    raise UserError(f"datum {i}: {what} has token ids outside [0, {vocab})")
+
+    def forward_backward(self, req: ForwardBackwardRequest):
+        """(per-datum outputs, metrics); adds the gradient to the client's accumulator unless
+        `req.forward_only`."""
+        m = self.get(req.model_id)
+        fn, required, optional, defaults = LOSSES[req.loss_fn]
+        b = next_power_of_two(len(req.data))
+        t = next_power_of_two(max(len(d.tokens) for d in req.data), minimum=16)
+        tokens = np.zeros((b, t), np.int32)
+        targets = np.zeros((b, t), np.int32)
+        mask = np.zeros((b, t), np.float32)
+        inputs = {k: np.zeros((b, t), np.float32) for k in (*required, *optional)}
+        for i, d in enumerate(req.data):
+            n = len(d.tokens)
+            tokens[i, :n], targets[i, :n], mask[i, :n] = d.tokens, d.inputs["target_tokens"], 1
+            for k in optional:
+                inputs[k][i, :n] = d.inputs.get(k, optional[k])
+            for k in required:
+                inputs[k][i, :n] = d.inputs[k]
+        cfg = {k: jnp.float32(req.config.get(k, v)) for k, v in defaults.items()}
+        args = (m.adapters, self.base, tokens, targets, mask, inputs, cfg)
+        if req.forward_only:
+            loss, (logp, per_tok) = _jitted(m.graphdef, req.loss_fn, False)(*args)
+        else:
+            (loss, (logp, per_tok)), grads = _jitted(m.graphdef, req.loss_fn, True)(*args)
+            m.grads = grads if m.grads is None else _accumulate(m.grads, grads)
+        logp, per_tok = np.asarray(logp), np.asarray(per_tok)
+        outputs = [{"logprobs": logp[i, :len(d.tokens)].astype(np.float32),
+                    "elementwise_loss": per_tok[i, :len(d.tokens)].astype(np.float32)}
+                   for i, d in enumerate(req.data)]
+        return outputs, {"loss:sum": float(loss)}
+
+    def optim_step(self, model_id: str, adam: dict) -> dict:
+        m = self.get(model_id)
+        hp = {k: float(adam.get(k, v)) for k, v in ADAM_DEFAULTS.items()}
+        if m.grads is None:  # nothing accumulated: Adam with a zero gradient
+            m.grads = lora.zeros_like(m.adapters)
+        hp = {k: jnp.float32(v) for k, v in hp.items()}
+        m.adapters, m.mu, m.nu, gnorm = adam_update(m.adapters, m.grads, m.mu, m.nu,
+                                                    jnp.float32(m.steps + 1), hp)
+        m.steps, m.grads = m.steps + 1, None
+        return {"grad_norm:mean": float(gnorm)}
+
+    # ---------------------------------------------------------------------- saved weights
+
+    def save(self, model_id: str, kind: str, name: str | None, with_optimizer: bool) -> str:
+        m = self.get(model_id)
+        name = name or f"{kind}-{len(self.snapshots)}"
+        path = f"tinker://{model_id}/{kind}/{name}"
+        copy = lambda t: jax.tree.map(jnp.copy, t)
+        self.snapshots[path] = Snapshot(m.lora, m.graphdef, copy(m.adapters),
+                                        copy(m.mu) if with_optimizer else None,
+                                        copy(m.nu) if with_optimizer else None, m.steps)
+        return path
+
+    def snapshot(self, path: str) -> Snapshot:
+        if path not in self.snapshots:
+            raise NotFound(f"unknown weights path {path!r}")
+        return self.snapshots[path]
+
+    def load_state(self, model_id: str, path: str, with_optimizer: bool) -> None:
+        m, s = self.get(model_id), self.snapshot(path)
+        if s.lora != m.lora:
+            raise UserError(f"{path} has LoRA {s.lora}, model {model_id} has {m.lora}")
+        copy = lambda t: jax.tree.map(jnp.copy, t)
+        m.adapters, m.grads = copy(s.adapters), None
+        if with_optimizer and s.mu is not None:
+            m.mu, m.nu, m.steps = copy(s.mu), copy(s.nu), s.steps
+
+    # --------------------------------------------------------------------------- sampling
+
+    def engine(self, snap: Snapshot | None) -> JaxEngine:
+        """The engine for a snapshot's adapter layout (the base model for None), its weights
+        swapped in."""
+        key = None if snap is None else snap.lora
+        graphdef = self.base_graphdef if snap is None else snap.graphdef
+        params = self.base if snap is None else lora.join(self.base, snap.adapters)
+        model = nnx.merge(graphdef, params)
+        if key not in self._engines:
+            self._engines[key] = JaxEngine(model, num_slots=self.num_slots, max_len=self.max_len,
+                                           eos_ids=self.eos_ids)
+        else:
+            self._engines[key].set_params(model, 0)
+        return self._engines[key]
+
+    def sample(self, snap: Snapshot | None, prompt: list[int], params: SamplingParams):
+        engine = self.engine(snap)
+        try:
+            engine.check_request(prompt, params.max_tokens, params.stop_token_ids)
+        except ValueError as e:
+            raise UserError(str(e)) from e
+        return gen_api.sample(engine, [prompt], params)
+
+    def prompt_logprobs(self, snap: Snapshot | None, prompt: list[int]) -> np.ndarray:
+        """log p(prompt[t] | prompt[:t]); NaN at t = 0 (no context)."""
+        graphdef = self.base_graphdef if snap is None else snap.graphdef
+        adapters = {} if snap is None else snap.adapters
+        t = next_power_of_two(len(prompt), minimum=16)
+        tokens = np.zeros((1, t), np.int32)
+        targets = np.zeros((1, t), np.int32)
+        tokens[0, :len(prompt)] = prompt
+        targets[0, :len(prompt) - 1] = prompt[1:]
+        logp = np.asarray(_jit_logprobs(graphdef)(adapters, self.base, tokens, targets))[0]
+        return np.concatenate([[np.nan], logp[:len(prompt) - 1]]).astype(np.float32)
+
+    def info(self) -> dict:
+        return {"model_name": self.name, "max_context_length": self.max_len}
+
+
+@functools.cache
+def _jit_logprobs(graphdef):
+    return jax.jit(functools.partial(_logprobs, graphdef=graphdef))

@@ -1,0 +1,376 @@
+"""The HTTP side of the Tinker-compatible service (aiohttp): routes, futures, errors, auth.
+
+The SDK's model (tinker 0.38): every training and sampling call is a POST that returns a
+future id at once (`{"request_id": ...}`); the client then polls `/api/v1/retrieve_future`,
+which this server holds open up to `POLL_S` seconds and answers with the result, `{"type":
+"try_again"}` (still running: the client polls again) or `{"error", "category"}` (the SDK raises
+`RequestFailedError`). Forward/backward bodies and results, and sample results, are protobuf
+(`wire.py`); the rest is JSON. All model work runs on one worker thread in submission order, so
+one client's `forward_backward` -> `optim_step` -> `save` sequence applies in the order sent.
+
+A request that is wrong on its face (unknown model or weights, unknown loss, wrong shapes, an
+oversize batch) is refused before it is queued with HTTP 400/404 and `{"error": ...}`: the SDK
+raises `tinker.BadRequestError` / `tinker.NotFoundError` with that message, and the server goes
+on serving. `--api-key` makes every request carry it (`X-API-Key`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import itertools
+import logging
+import os
+import threading
+import traceback
+import uuid
+
+from aiohttp import web
+
+from jaxrl.generate.sampling import SamplingParams
+from jaxrl.service.backend import Backend, NotFound, UserError, lora_config
+from jaxrl.service.wire import (
+    WireError,
+    encode_forward_backward_output,
+    encode_sample_response,
+    parse_forward_backward,
+)
+
+log = logging.getLogger("jaxrl.service")
+POLL_S = 30.0  # how long retrieve_future waits before answering try_again
+KEEP_FUTURES = 4096  # finished results kept for clients that re-poll
+PROTO = "application/x-protobuf"
+
+
+class Service:
+    """Routes + futures over a `Backend`; `app()` is the aiohttp application."""
+
+    def __init__(self, backend: Backend, api_key: str | None = None):
+        self.backend, self.api_key = backend, api_key
+        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxrl-svc")
+        self.futures: collections.OrderedDict[str, concurrent.futures.Future] = \
+            collections.OrderedDict()
+        self.sessions: set[str] = set()
+        self.samplers: dict[str, str | None] = {}  # sampling session -> weights path (None: base)
+        self._ids = itertools.count()
+
+    # ----------------------------------------------------------------------------- plumbing
+
+    def submit(self, fn, *args, model_id: str | None = None, **extra) -> web.Response:
+        request_id = f"req-{next(self._ids)}"
+        self.futures[request_id] = self.worker.submit(fn, *args)
+        while len(self.futures) > KEEP_FUTURES:
+            self.futures.popitem(last=False)
+        return web.json_response({"request_id": request_id, "model_id": model_id, **extra})
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler):
+        if self.api_key is not None and request.headers.get("X-API-Key") != self.api_key:
+            return web.json_response({"error": "missing or wrong X-API-Key"}, status=401)
+        try:
+            return await handler(request)
+        except NotFound as e:
+            return web.json_response({"error": str(e)}, status=404)
+        except (UserError, WireError, KeyError, TypeError, ValueError) as e:
+            msg = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+            return web.json_response({"error": msg}, status=400)
+
+    async def retrieve_future(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        fut = self.futures.get(body["request_id"])
+        if fut is None:
+            raise NotFound(f"unknown request_id {body['request_id']!r}")
+        try:
+            result = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), POLL_S)
+        except TimeoutError:
+            return web.json_response({"type": "try_again", "request_id": body["request_id"],
+                                      "queue_state": "active"})
+        except UserError as e:
+            return web.json_response({"error": str(e), "category": "user"})
+        except Exception as e:  # noqa: BLE001 - reported to the client, logged here
+            log.error("request %s failed:\n%s", body["request_id"], traceback.format_exc())
+            return web.json_response({"error": f"{type(e).__name__}: {e}", "category": "server"})
+        if isinstance(result, bytes):
+            return web.Response(body=result, content_type=PROTO)
+        return web.json_response(result)
+
+    # ------------------------------------------------------------------------ session, info
+
+    async def capabilities(self, request):
+        info = self.backend.info()
+        return web.json_response({"supported_models": [
+            {**info, "trainable": True, "sampleable": True}]})
+
+    async def client_config(self, request):
+        # httpx transport (no pyqwest), uncompressed proto bodies, retrieve_future per request
+        return web.json_response({"pjwt_auth_enabled": False, "use_pyqwest_transport": False,
+                                  "proto_compress_fwdbwd": False,
+                                  "fwdbwd_max_chunk_len": 1024})
+
+    async def create_session(self, request):
+        await request.json()
+        sid = f"session-{uuid.uuid4().hex[:12]}"
+        self.sessions.add(sid)
+        return web.json_response({"type": "create_session", "session_id": sid})
+
+    async def get_info(self, request):
+        body = await request.json()
+        m = self.backend.get(body["model_id"])
+        return web.json_response({
+            "type": "get_info", "model_id": m.model_id, "is_lora": True,
+            "lora_rank": m.lora.rank, "model_name": self.backend.name,
+            "model_data": {"arch": self.backend.cfg.architecture,
+                           "model_name": self.backend.name, "tokenizer_id": None}})
+
+    # ----------------------------------------------------------------------------- training
+
+    async def create_model(self, request):
+        body = await request.json()
+        self._check_base(body["base_model"])
+        lc = body.get("lora_config") or {}
+        if "rank" not in lc:
+            raise UserError("create_model: this server trains LoRA adapters only; pass "
+                            "lora_config with a rank (create_lora_training_client)")
+        opt = (body.get("optimizer_config") or {}).get("type", "adamw")
+        if opt != "adamw":
+            raise UserError(f"optimizer {opt!r} is not supported (adamw only)")
+        cfg = lora_config(lc["rank"], lc.get("train_attn", True), lc.get("train_mlp", True))
+
+        def run():
+            return {"type": "create_model",
+                    "model_id": self.backend.create(cfg, seed=lc.get("seed"))}
+
+        return self.submit(run)
+
+    def _check_base(self, name):
+        if name != self.backend.name:
+            raise NotFound(f"unknown base model {name!r}; this server serves "
+                           f"{self.backend.name!r}")
+
+    async def forward_backward(self, request):
+        req = parse_forward_backward(await request.read())
+        self.backend.check(req)
+
+        def run():
+            outputs, metrics = self.backend.forward_backward(req)
+            return encode_forward_backward_output(outputs, metrics)
+
+        return self.submit(run, model_id=req.model_id)
+
+    async def optim_step(self, request):
+        body = await request.json()
+        self.backend.get(body["model_id"])
+        if "adam_params" not in body:
+            raise UserError("optim_step: only AdamParams are supported")
+        adam = body["adam_params"]
+        return self.submit(lambda: {"metrics": self.backend.optim_step(body["model_id"], adam)},
+                           model_id=body["model_id"])
+
+    async def save_weights(self, request):
+        body = await request.json()
+        self.backend.get(body["model_id"])
+
+        def run():
+            path = self.backend.save(body["model_id"], "weights", body.get("path"), True)
+            return {"type": "save_weights", "path": path}
+
+        return self.submit(run, model_id=body["model_id"])
+
+    async def load_weights(self, request):
+        body = await request.json()
+        if body.get("model_id") is None:
+            raise UserError("load_weights: create the training client first (load_state on it)")
+        self.backend.get(body["model_id"])
+        self.backend.snapshot(body["path"])
+
+        def run():
+            self.backend.load_state(body["model_id"], body["path"], bool(body.get("optimizer")))
+            return {"type": "load_weights", "path": body["path"], "model_id": body["model_id"]}
+
+        return self.submit(run, model_id=body["model_id"])
+
+    async def save_weights_for_sampler(self, request):
+        body = await request.json()
+        self.backend.get(body["model_id"])
+        name = body.get("path")
+
+        def run():
+            path = self.backend.save(body["model_id"], "sampler_weights", name, False)
+            if name is not None:
+                return {"type": "save_weights_for_sampler", "path": path}
+            sid = self._new_sampler(path)
+            return {"type": "save_weights_for_sampler", "sampling_session_id": sid}
+
+        return self.submit(run, model_id=body["model_id"])
+
+    # ----------------------------------------------------------------------------- sampling
+
+    def _new_sampler(self, path: str | None) -> str:
+        sid = f"sampler-{uuid.uuid4().hex[:12]}"
+        self.samplers[sid] = path
+        return sid
+
+    async def create_sampling_session(self, request):
+        body = await request.json()
+        path = body.get("model_path")
+        if path is not None:
+            self.backend.snapshot(path)
+        else:
+            self._check_base(body.get("base_model"))
+        return web.json_response({"type": "create_sampling_session",
+                                  "sampling_session_id": self._new_sampler(path)})
+
+    async def get_sampler(self, request):
+        sid = request.match_info["sid"]
+        if sid not in self.samplers:
+            raise NotFound(f"unknown sampler {sid!r}")
+        return web.json_response({"sampler_id": sid, "base_model": self.backend.name,
+                                  "model_path": self.samplers[sid]})
+
+    async def asample(self, request):
+        body = await request.json()
+        if body.get("sampling_session_id") is not None:
+            if body["sampling_session_id"] not in self.samplers:
+                raise NotFound(f"unknown sampling session {body['sampling_session_id']!r}")
+            path = self.samplers[body["sampling_session_id"]]
+        elif body.get("model_path") is not None:
+            path = body["model_path"]
+        else:
+            self._check_base(body.get("base_model"))
+            path = None
+        snap = None if path is None else self.backend.snapshot(path)
+        for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if body.get(key):
+                raise UserError(f"sample: {key} is not supported by this server")
+        if body.get("target_prompt_logprobs") is not None:
+            raise UserError("sample: target_prompt_logprobs is not supported by this server")
+        prompt = [int(t) for c in body["prompt"]["chunks"] for t in _chunk_tokens(c)]
+        n = int(body.get("num_samples", 1))
+        params = sampling_params(body.get("sampling_params") or {}, n, len(prompt),
+                                 self.backend.max_len)
+        want_prompt_lp = bool(body.get("prompt_logprobs"))
+
+        def run():
+            done = self.backend.sample(snap, prompt, params)
+            plp = self.backend.prompt_logprobs(snap, prompt) if want_prompt_lp else None
+            return encode_sample_response(
+                [(c.tokens, c.logprobs, c.finish_reason) for c in done], plp)
+
+        seq_ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(n)]
+        return self.submit(run, sample_sequence_ids=seq_ids)
+
+    # ------------------------------------------------------------------------------ the app
+
+    def app(self) -> web.Application:
+        ok = lambda payload: (lambda request: _json(payload))
+        app = web.Application(middlewares=[self.middleware], client_max_size=256 * 2**20)
+        v1 = "/api/v1"
+        app.add_routes([
+            web.get(f"{v1}/healthz", ok({"status": "ok"})),
+            web.get(f"{v1}/get_server_capabilities", self.capabilities),
+            web.post(f"{v1}/client/config", self.client_config),
+            web.post(f"{v1}/client/dynamic_config", ok({})),
+            web.post(f"{v1}/create_session", self.create_session),
+            web.post(f"{v1}/session_heartbeat", ok({"type": "session_heartbeat"})),
+            web.post(f"{v1}/telemetry", ok({"status": "accepted"})),
+            web.post(f"{v1}/get_info", self.get_info),
+            web.post(f"{v1}/create_model", self.create_model),
+            web.post(f"{v1}/forward_backward", self.forward_backward),
+            web.post(f"{v1}/optim_step", self.optim_step),
+            web.post(f"{v1}/save_weights", self.save_weights),
+            web.post(f"{v1}/load_weights", self.load_weights),
+            web.post(f"{v1}/save_weights_for_sampler", self.save_weights_for_sampler),
+            web.post(f"{v1}/create_sampling_session", self.create_sampling_session),
+            web.get(f"{v1}/samplers/{{sid}}", self.get_sampler),
+            web.post(f"{v1}/asample", self.asample),
+            web.post(f"{v1}/retrieve_future", self.retrieve_future),
+        ])
+        return app
+
+
+async def _json(payload):
+    return web.json_response(payload)
+
+
+def _chunk_tokens(chunk: dict) -> list[int]:
+    if chunk.get("type", "encoded_text") != "encoded_text":
+        raise UserError(f"model input chunks of type {chunk.get('type')!r} are not supported "
+                        "(token chunks only)")
+    return chunk["tokens"]
+
+
+def sampling_params(sp: dict, n: int, prompt_len: int, max_len: int) -> SamplingParams:
+    """The SDK's `SamplingParams` as jaxrl's. `stop`: None keeps EOS; `[]` samples through it;
+    token ids stop there; stop strings need a tokenizer and are refused."""
+    stop = sp.get("stop")
+    if isinstance(stop, str) or (isinstance(stop, list) and any(isinstance(s, str) for s in stop)):
+        raise UserError("sample: stop strings are not supported; pass stop token ids")
+    max_tokens = sp.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = max(1, min(128, max_len - prompt_len))
+    seed = sp.get("seed")
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
+    top_k = int(sp.get("top_k", -1))
+    try:
+        return SamplingParams(
+            max_tokens=int(max_tokens), temperature=float(sp.get("temperature", 1)),
+            top_k=0 if top_k < 0 else top_k, top_p=float(sp.get("top_p", 1)), n=n, seed=seed,
+            stop_token_ids=tuple(stop or ()), ignore_eos=stop == [])
+    except ValueError as e:
+        raise UserError(f"sample: {e}") from e
+
+
+# ------------------------------------------------------------------------------- starting
+
+
+def _check_ready(runner) -> int:
+    return runner.addresses[0][1]
+
+
+class Running:
+    """A server on its own event-loop thread (tests, benchmarks): `.url`, `.stop()`."""
+
+    def __init__(self, service: Service, host: str = "127.0.0.1", port: int = 0):
+        self.service, self._loop = service, asyncio.new_event_loop()
+        started = threading.Event()
+
+        async def start():
+            self._runner = web.AppRunner(service.app(), access_log=None)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, host, port).start()
+            self.url = f"http://{host}:{_check_ready(self._runner)}"
+            started.set()
+
+        self._thread = threading.Thread(
+            target=lambda: (self._loop.run_until_complete(start()), self._loop.run_forever()),
+            daemon=True)
+        self._thread.start()
+        if not started.wait(30):
+            raise RuntimeError("the service did not start within 30 s")
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self.service.worker.shutdown(wait=False, cancel_futures=True)
+
+
+def serve(service: Service, host: str, port: int) -> None:
+    """Serve until interrupted; print the URL once requests are accepted."""
+
+    async def main():
+        runner = web.AppRunner(service.app(), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        print(f"jaxrl service: http://{host}:{_check_ready(runner)}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+

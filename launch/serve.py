@@ -1,0 +1,63 @@
+"""Serve a base model over the Tinker protocol: `python launch/serve.py --base-model DIR_OR_ID
+[--host 127.0.0.1] [--port 8000] [--api-key tml-...]`.
+
+Scripts written against the `tinker` SDK then use `tinker.ServiceClient(base_url=URL,
+api_key=KEY)`; see docs/service.md. Needs the `service` extra (`pip install 'jaxrl[service]'`).
+Arguments are checked before JAX is imported; the URL is printed once requests are accepted.
+"""
+
+import argparse
+import sys
+
+LOCAL = ("127.0.0.1", "localhost", "::1")
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python launch/serve.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base-model", required=True,
+                   help="local Hugging Face directory, Hub id, or 'tiny' / 'tiny-task' (random)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None,
+                   help="required on every request (X-API-Key); needed when --host is not local. "
+                        "The SDK insists on a key starting with 'tml-'")
+    p.add_argument("--max-len", type=int, default=1024, help="longest sequence (tokens)")
+    p.add_argument("--num-slots", type=int, default=8, help="concurrent samples per engine")
+    p.add_argument("--max-batch-tokens", type=int, default=65536,
+                   help="largest forward_backward request (tokens); larger ones are refused")
+    args = p.parse_args(argv)
+    if not 0 <= args.port < 65536:
+        p.error(f"--port must be in 0..65535, got {args.port}")
+    for name in ("max_len", "num_slots", "max_batch_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.host not in LOCAL and not args.api_key:
+        p.error(f"--host {args.host} exposes the service beyond this machine: set --api-key")
+    return args
+
+
+def main(argv) -> int:
+    args = parse(argv)
+    try:
+        import aiohttp  # noqa: F401
+        import tinker  # noqa: F401
+    except ImportError as e:
+        print(f"error: {e.name} is missing: pip install 'jaxrl[service]'", file=sys.stderr)
+        return 2
+    from jaxrl.config import ConfigError
+    from jaxrl.service.backend import Backend
+    from jaxrl.service.server import Service, serve
+
+    try:
+        backend = Backend.load(args.base_model, max_len=args.max_len, num_slots=args.num_slots,
+                               max_batch_tokens=args.max_batch_tokens)
+    except (ConfigError, OSError, ValueError) as e:
+        print(f"error: --base-model {args.base_model}: {e}", file=sys.stderr)
+        return 2
+    serve(Service(backend, api_key=args.api_key), args.host, args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,35 @@
+"""launch/serve.py: argument errors before JAX is imported; the URL printed once it serves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+SERVE = Path(__file__).resolve().parents[2] / "launch" / "serve.py"
+
+
+def test_argument_errors_come_before_jax():
+    code = ("import runpy, sys; sys.argv = ['serve.py', '--base-model', 'tiny', '--host', "
+            "'0.0.0.0']\ntry:\n    runpy.run_path(%r, run_name='__main__')\nexcept SystemExit "
+            "as e:\n    print('exit', e.code, 'jax' in sys.modules)" % str(SERVE))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "exit 2 False" in out.stdout, out
+    assert "set --api-key" in out.stderr
+
+
+def test_serves_and_prints_its_url():
+    proc = subprocess.Popen([sys.executable, str(SERVE), "--base-model", "tiny", "--port", "0",
+                             "--max-len", "64"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("jaxrl service: http://127.0.0.1:"), line
+        url = line.split()[-1]
+        with urllib.request.urlopen(f"{url}/api/v1/get_server_capabilities", timeout=30) as r:
+            caps = json.load(r)
+        assert caps["supported_models"][0]["model_name"] == "tiny"
+    finally:
+        proc.terminate()
+        proc.wait(30)
