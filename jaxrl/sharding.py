@@ -28,6 +28,10 @@ MESH_AXES: dict[str, tuple[str, str]] = {"trainer": ("fsdp", "tp"), "generator":
 #            TP shards heads / mlp / vocab.
 #   generator: parameters are replicated over `dp` (each replica serves its own slots) and
 #              split by TP; KV-cache slots (`cache_batch`) and decode batches are split over `dp`.
+#   expert (the leading axis of a mixture of experts' stacked expert weights): over `fsdp` on
+#            the trainer (expert parallelism on the data axis, which already shards the tokens;
+#            `embed` then stays whole in those weights, as a mesh axis shards one dimension),
+#            over `tp` on the generator (each tp shard holds whole experts, `mlp` stays whole).
 LOGICAL_AXIS_RULES: dict[str, dict[str, str | None]] = {
     "trainer": {
         "batch": "fsdp",
@@ -42,6 +46,7 @@ LOGICAL_AXIS_RULES: dict[str, dict[str, str | None]] = {
         "norm": None,
         "layers": None,
         "lora_rank": None,
+        "expert": "fsdp",
     },
     "generator": {
         "batch": "dp",
@@ -56,6 +61,7 @@ LOGICAL_AXIS_RULES: dict[str, dict[str, str | None]] = {
         "norm": None,
         "layers": None,
         "lora_rank": None,
+        "expert": "tp",
     },
 }
 
