@@ -12,9 +12,9 @@ SERVE = Path(__file__).resolve().parents[2] / "launch" / "serve.py"
 
 
 def test_argument_errors_come_before_jax():
-    code = ("import runpy, sys; sys.argv = ['serve.py', '--base-model', 'tiny', '--host', "
-            "'0.0.0.0']\ntry:\n    runpy.run_path(%r, run_name='__main__')\nexcept SystemExit "
-            "as e:\n    print('exit', e.code, 'jax' in sys.modules)" % str(SERVE))
+    code = (f"import runpy, sys; sys.argv = ['serve.py', '--base-model', 'tiny', '--host', "
+            f"'0.0.0.0']\ntry:\n    runpy.run_path({str(SERVE)!r}, run_name='__main__')\n"
+            "except SystemExit as e:\n    print('exit', e.code, 'jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "exit 2 False" in out.stdout, out
     assert "set --api-key" in out.stderr
