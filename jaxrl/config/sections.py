@@ -88,8 +88,8 @@ class ModelConfig:
     layer i is sparse when `i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0`,
     else a dense MLP of `intermediate_size`. A sparse layer routes each token to the
     `experts_per_token` experts of highest softmax probability (renormalised over those when
-    `norm_topk_prob`), each a SwiGLU MLP of `moe_intermediate_size`. `router_aux_loss_coef` > 0
-    adds the Switch-Transformer load-balancing loss to the training loss (off by default for RL).
+    `norm_topk_prob`), each a SwiGLU MLP of `moe_intermediate_size`. `router_aux_loss_coef`: the
+    weight of the Switch-Transformer load-balancing loss; only 0 (off, as RL wants) for now.
     """
 
     architecture: Architecture = "qwen2"
@@ -169,9 +169,10 @@ class ModelConfig:
         if bad:
             raise ConfigError(f"model.mlp_only_layers: layer indices must lie in "
                               f"[0, {self.num_layers}), got {list(self.mlp_only_layers)}")
-        if not math.isfinite(self.router_aux_loss_coef) or self.router_aux_loss_coef < 0:
-            raise ConfigError(f"model.router_aux_loss_coef must be a finite number >= 0 "
-                              f"(0: off), got {self.router_aux_loss_coef}")
+        if self.router_aux_loss_coef != 0:  # jaxrl.models.moe.load_balancing_loss is the term
+            raise ConfigError(f"model.router_aux_loss_coef={self.router_aux_loss_coef}: the "
+                              "load-balancing loss is not added to the training loss yet; "
+                              "only 0 (off, the setting for RL) is accepted")
         mlp_targets = [t for t in self.lora.targets if t in ("gate", "up", "down")]
         if self.lora.enabled and mlp_targets:
             raise ConfigError(

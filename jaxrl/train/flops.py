@@ -40,8 +40,9 @@ CACHE = Path(os.environ.get("JAXRL_CACHE", Path.home() / ".cache" / "jaxrl")) / 
 
 
 def matmul_params(cfg: ModelConfig) -> int:
-    """Weights that take part in a matmul: layers (without norm scales) + the lm head."""
-    return cfg.num_params(include_embeddings=False) + cfg.vocab_size * cfg.hidden_size
+    """Weights that take part in a matmul for one token: layers (without norm scales; of a
+    mixture of experts the router and the `experts_per_token` experts it picks) + the lm head."""
+    return cfg.num_params(include_embeddings=False, active=True) + cfg.vocab_size * cfg.hidden_size
 
 
 def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

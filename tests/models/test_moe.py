@@ -65,6 +65,8 @@ def test_config_checks():
                 dict(moe_intermediate_size=0)):
         with pytest.raises(ConfigError):
             ModelConfig(**{**MOE, **bad})
+    with pytest.raises(ConfigError, match="not added to the training loss"):
+        ModelConfig(**MOE, router_aux_loss_coef=0.001)
     with pytest.raises(ConfigError, match="architecture"):
         ModelConfig(num_experts=4)
     # LoRA: attention targets work, MLP targets are refused with the way out in the message
