@@ -24,10 +24,14 @@ def test_unknown_benchmark_is_a_clear_error(capsys):
 
 def test_reshard_benchmark_runs_on_the_tiny_model(capsys):
     rc = bench.main(["reshard", "--model", "tiny", "--repeats", "1", "--warmup", "0",
-                     "--trainer", "2x1", "--generator", "1x2", "--dtype", "bfloat16"])
+                     "--trainer", "2x1", "--generator", "1x2", "--dtype", "bfloat16",
+                     "--lora-rank", "2", "--decode-batch", "2"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["dtype"] == "bfloat16" and out["bytes"] > 0
+    # LoRA: the adapters' bytes (f32) only, far fewer than the bf16 full sync's
+    assert 0 < out["lora"]["adapter_bytes"] < out["bytes"] / 4
+    assert set(out["lora"]["decode_step_s"]) == {"merge", "forward"}
     assert out["trainer_mesh"] == {"fsdp": 2, "tp": 1}
     assert out["generator_mesh"] == {"dp": 1, "tp": 2}
     assert out["weight_sync_gbps"] > 0 and out["speedup_vs_host"] > 0

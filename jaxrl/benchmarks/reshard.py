@@ -41,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions first")
     p.add_argument("--model", choices=["bench", "tiny"], default="bench")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="also time a LoRA run's sync (adapters of this rank on every projection; "
+                        "merged on the generator, and applied in the forward pass) against the "
+                        "full sync, and the generator's decode step with each")
+    p.add_argument("--decode-batch", type=int, default=32, help="decode rows (--lora-rank)")
     return p
 
 
@@ -120,5 +125,85 @@ def main(argv: list[str]) -> int:
           f"-> generator {out['generator_mesh']}: {out['weight_sync_gbps']:.2f} GB/s vs host "
           f"round trip {out['host_round_trip_gbps']:.2f} GB/s: {out['speedup_vs_host']:.2f}x "
           "(median of paired ratios)")
+    if args.lora_rank:
+        out["lora"] = lora_rows(args, model_cfg, meshes, sync, params)
     print(json.dumps(out))
     return 0
+
+
+def lora_rows(args, model_cfg, meshes, full_sync, full_params) -> dict:
+    """A LoRA run's publish (adapters moved, then merged or kept for the forward pass) against
+    the full sync, interleaved; and one decode step of the generator's model in each mode."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxrl.config import LoraConfig
+    from jaxrl.controller.build import lora_publisher
+    from jaxrl.models import lora
+    from jaxrl.models.model import create_model
+    from jaxrl.models.transformer import KVCache
+
+    r = args.lora_rank
+    publishers, graphdefs, states = {}, {}, {}
+    for mode in ("merge", "forward"):
+        cfg = dataclasses.replace(model_cfg, param_dtype=args.dtype, dtype=args.dtype,
+                                  lora=LoraConfig(rank=r, alpha=2.0 * r, generator=mode))
+        params = nnx.split(create_model(dataclasses.replace(cfg, param_dtype="float32",
+                                                            dtype="float32"),
+                                        mesh=meshes.trainer))[1].to_pure_dict()
+        base, adapters = lora.split(params)
+        keys = iter(jax.random.split(jax.random.key(0), 1000))
+        adapters = jax.tree.map(lambda x: x + 0.01 * jax.random.normal(next(keys), x.shape),
+                                adapters)
+        publishers[mode], graphdefs[mode] = lora_publisher(cfg, meshes.generator, base, None)
+        for _ in range(1 + args.warmup):
+            states[mode], m = publishers[mode].publish(adapters, 0)
+        publishers[mode] = (publishers[mode], adapters)
+    rows = []
+    for i in range(args.repeats):
+        row = {"full_s": full_sync(full_params)[1].seconds}
+        for mode, (pub, adapters) in publishers.items():
+            t0 = time.perf_counter()
+            _, m = pub.publish(adapters, i + 1)
+            row[f"{mode}_s"] = time.perf_counter() - t0
+            row[f"{mode}_bytes"] = m["pipeline/weight_sync_bytes"]
+        rows.append(row)
+        print(f"[{i}] full sync {row['full_s'] * 1e3:.1f} ms  lora publish: merge "
+              f"{row['merge_s'] * 1e3:.1f} ms, forward {row['forward_s'] * 1e3:.1f} ms",
+              flush=True)
+    # decode: one token per row against a half-full cache, the generator's model in each mode
+    b, max_len = args.decode_batch, 256
+    decode_s = {}
+    fns = {mode: jax.jit(lambda state, tok, cache, g=graphdefs[mode]:
+                         nnx.merge(g, state).decode(tok, cache)[0])
+           for mode in graphdefs}
+    cache = KVCache.init(model_cfg, b, max_len, jnp.dtype(args.dtype))
+    cache = dataclasses.replace(cache, lengths_B=jnp.full((b,), max_len // 2, jnp.int32))
+    tok = jnp.zeros((b, 1), jnp.int32)
+    for mode, fn in fns.items():
+        jax.block_until_ready(fn(states[mode], tok, cache))
+    times = {mode: [] for mode in fns}
+    for _ in range(max(args.repeats, 5)):
+        for mode, fn in fns.items():  # interleaved
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(states[mode], tok, cache))
+            times[mode].append(time.perf_counter() - t0)
+    decode_s = {mode: statistics.median(v) for mode, v in times.items()}
+    med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
+    out = {"rank": r, "adapter_bytes": rows[0]["merge_bytes"],
+           "full_sync_s": med("full_s"), "merge_publish_s": med("merge_s"),
+           "forward_publish_s": med("forward_s"),
+           "publish_speedup_merge": statistics.median(x["full_s"] / x["merge_s"] for x in rows),
+           "publish_speedup_forward": statistics.median(x["full_s"] / x["forward_s"]
+                                                        for x in rows),
+           "decode_step_s": decode_s,
+           "decode_forward_over_merge": statistics.median(
+               f / m for f, m in zip(times["forward"], times["merge"], strict=True))}
+    print(f"LoRA rank {r}: {out['adapter_bytes'] / 1e6:.2f} MB per sync; publish: merge "
+          f"{out['merge_publish_s'] * 1e3:.1f} ms ({out['publish_speedup_merge']:.1f}x faster "
+          f"than the full sync), forward {out['forward_publish_s'] * 1e3:.1f} ms "
+          f"({out['publish_speedup_forward']:.1f}x); decode step ({b} rows): merge "
+          f"{decode_s['merge'] * 1e3:.1f} ms, forward {decode_s['forward'] * 1e3:.1f} ms "
+          f"({out['decode_forward_over_merge']:.2f}x, median of paired ratios)")
+    return out

@@ -61,7 +61,10 @@ def make_inputs(args, vocab: int):
     return tokens, mask, rewards, groups
 
 
-def make_jax_step(args, model_cfg, inputs):
+def make_jax_step(args, model_cfg, inputs, *, lora_rank: int = 0, memory: dict | None = None):
+    """`step()` of a jaxrl Trainer on `inputs`; with `lora_rank`, rank-r adapters on every
+    projection (the base frozen). `memory` gets the state's bytes and the compiled step's
+    memory analysis."""
     import jax
 
     from jaxrl.config import MeshConfig
@@ -77,14 +80,50 @@ def make_jax_step(args, model_cfg, inputs):
         compute_dtype="bfloat16" if args.dtype == "bf16-mixed" else "auto",
         param_dtype="float32",
     )
+    if lora_rank:
+        import dataclasses
+
+        from jaxrl.config import LoraConfig
+
+        model_cfg = dataclasses.replace(model_cfg, lora=LoraConfig(rank=lora_rank,
+                                                                   alpha=2.0 * lora_rank))
     trainer = Trainer(model_cfg, cfg, mesh)
     batch = make_batch(*inputs)
+    if memory is not None:
+        memory.update(step_memory(trainer, batch))
 
     def step():  # dispatch + block: the full host-visible cost of one update
         trainer.step(batch)
         trainer.flush()
 
     return step
+
+
+def step_memory(trainer, batch) -> dict:
+    """Bytes of the trainer's state (params + optimiser, and a LoRA base) and the compiled
+    train step's `memory_analysis()` temporaries, for this batch's padded shape."""
+    import functools
+
+    import jax
+
+    from jaxrl.train.state import make_optimizer
+    from jaxrl.train.step import batch_shardings, train_step
+    from jaxrl.train.trainer import tree_bytes
+
+    padded = trainer.pad(batch)
+    frozen_sh = (None if trainer.frozen is None
+                 else jax.tree.map(lambda x: x.sharding, trainer.frozen))
+    fn = jax.jit(functools.partial(train_step, graphdef=trainer.graphdef, cfg=trainer.cfg,
+                                   tx=make_optimizer(trainer.cfg)),
+                 in_shardings=(trainer.shardings, batch_shardings(padded, trainer.mesh),
+                               frozen_sh),
+                 out_shardings=(trainer.shardings, None), donate_argnums=0)
+    with jax.set_mesh(trainer.mesh):
+        ma = fn.lower(trainer.abstract_state, padded, trainer.frozen).compile().memory_analysis()
+    return {"trained_params_bytes": tree_bytes(trainer.state.params),
+            "opt_state_bytes": tree_bytes(trainer.state.opt_state),
+            "frozen_base_bytes": tree_bytes(trainer.frozen) if trainer.frozen else 0,
+            "step_temp_bytes": int(ma.temp_size_in_bytes)}
 
 
 def torch_peer_model(model_cfg):
@@ -162,7 +201,13 @@ def main(argv: list[str]) -> int:
                    help="compute dtype (master weights f32); bf16-mixed sets it through "
                         "train.compute_dtype; the torch peer runs in float32")
     p.add_argument("--torch-threads", type=int, default=2)
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="also time a LoRA trainer (adapters of this rank on every projection, "
+                        "alpha 2 x rank) interleaved with the full-parameter one, and compare "
+                        "their memory (state bytes, compiled step temporaries)")
     args = p.parse_args(argv)
+    if args.lora_rank < 0:
+        p.error(f"--lora-rank must be >= 0, got {args.lora_rank}")
 
     from jaxrl.train.flops import peak_flops, train_flops_per_token
 
@@ -171,12 +216,17 @@ def main(argv: list[str]) -> int:
     inputs = make_inputs(args, model_cfg.vocab_size)
     tokens = args.batch * args.seq
     flops = train_flops_per_token(model_cfg, args.seq) * tokens
-    jax_step = make_jax_step(args, model_cfg, inputs)
+    memory = {"full": {}, "lora": {}}
+    jax_step = make_jax_step(args, model_cfg, inputs, memory=memory["full"])
+    lora_step = (make_jax_step(args, model_cfg, inputs, lora_rank=args.lora_rank,
+                               memory=memory["lora"]) if args.lora_rank else None)
     torch_step = make_torch_step(args, model_cfg, inputs) if args.vs == "torch" else None
     probe = make_matmul_probe()
     rows = []
     for i in range(args.warmup + args.steps):
         row = {"jax_s": _timed(jax_step)}
+        if lora_step is not None:
+            row["lora_s"] = _timed(lora_step)
         if torch_step is not None:
             row["torch_s"] = _timed(torch_step)
         row["matmul_flops"] = max(probe(), probe())
@@ -205,6 +255,20 @@ def main(argv: list[str]) -> int:
         f"matmul rate ({out['matmul_flops_probed'] / 1e9:.1f} GFLOP/s)",
         flush=True,
     )
+    if lora_step is not None:
+        lora_s = med("lora_s")
+        out.update(lora_rank=args.lora_rank, lora_step_s=lora_s, memory=memory,
+                   lora_speedup=statistics.median(r["jax_s"] / r["lora_s"] for r in rows))
+        state = lambda m: m["trained_params_bytes"] + m["opt_state_bytes"] + m[  # noqa: E731
+            "frozen_base_bytes"]
+        mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
+        print(f"lora  : rank {args.lora_rank}  step {lora_s:.2f}s  "
+              f"({out['lora_speedup']:.2f}x the full-parameter step, median of paired ratios)")
+        for name, m in memory.items():
+            print(f"  {name:4s}: state {mib(state(m))} (trained params "
+                  f"{mib(m['trained_params_bytes'])}, optimizer {mib(m['opt_state_bytes'])}, "
+                  f"frozen base {mib(m['frozen_base_bytes'])}), compiled step temporaries "
+                  f"{mib(m['step_temp_bytes'])}")
     if torch_step is not None:
         t_s = med("torch_s")
         out.update(
