@@ -107,3 +107,12 @@ def test_reference_of_a_lora_run_is_the_base(lora_cfg, mesh, make_toy):
         batch, batch_shardings(batch, mesh)))
     np.testing.assert_array_equal(np.asarray(batch.ref_logprobs), np.asarray(want))
     assert tree_bytes(trainer.ref_params) == tree_bytes(trainer.state.params)  # no base copy
+
+
+def test_a_bf16_base_keeps_f32_adapters_and_optimizer_state(lora_cfg, mesh):
+    cfg = dataclasses.replace(lora_cfg, param_dtype="bfloat16")
+    trainer = Trainer(cfg, CFG, mesh)
+    assert {x.dtype for x in jax.tree.leaves(trainer.frozen)} == {jnp.dtype(jnp.bfloat16)}
+    floats = [x for x in jax.tree.leaves((trainer.state.params, trainer.state.opt_state))
+              if jnp.issubdtype(x.dtype, jnp.floating)]
+    assert floats and {x.dtype for x in floats} == {jnp.dtype(jnp.float32)}
