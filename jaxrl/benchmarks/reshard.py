@@ -153,9 +153,10 @@ def lora_rows(args, model_cfg, meshes, full_sync, full_params) -> dict:
                                                             dtype="float32"),
                                         mesh=meshes.trainer))[1].to_pure_dict()
         base, adapters = lora.split(params)
-        keys = iter(jax.random.split(jax.random.key(0), 1000))
-        adapters = jax.tree.map(lambda x: x + 0.01 * jax.random.normal(next(keys), x.shape),
-                                adapters)
+        leaves, tree = jax.tree.flatten(adapters)
+        keys = jax.random.split(jax.random.key(0), len(leaves))
+        adapters = jax.tree.unflatten(tree, [x + 0.01 * jax.random.normal(k, x.shape)
+                                             for x, k in zip(leaves, keys, strict=True)])
         publishers[mode], graphdefs[mode] = lora_publisher(cfg, meshes.generator, base, None)
         for _ in range(1 + args.warmup):
             states[mode], m = publishers[mode].publish(adapters, 0)

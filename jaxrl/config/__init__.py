@@ -24,12 +24,12 @@ from jaxrl.config.overrides import (
 )
 from jaxrl.config.run import RunConfig
 from jaxrl.config.sections import (
+    LORA_TARGETS,
     PIPELINE_MODES,
     Architecture,
     AttentionImpl,
     DistConfig,
     GenerateConfig,
-    LORA_TARGETS,
     KVLayout,
     LoraConfig,
     MeshConfig,
@@ -43,7 +43,8 @@ from jaxrl.config.sections import (
 from jaxrl.config.train import TrainConfig
 
 __all__ = [
-    "PIPELINE_MODES", "Architecture", "AttentionImpl", "ConfigError", "KVLayout", "LORA_TARGETS", "LoraConfig",
+    "LORA_TARGETS", "PIPELINE_MODES", "Architecture", "AttentionImpl", "ConfigError", "KVLayout",
+    "LoraConfig",
     "DTypeName", "DataConfig", "DataConfigError", "DistConfig",
     "GenerateConfig", "MeshConfig", "ModelConfig", "PipelineConfig", "PipelineMode",
     "RewardsConfig", "RopeScaling", "RunConfig", "SFTConfig", "TrainConfig", "ahead_for",

@@ -27,12 +27,12 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxrl.config import ModelConfig, TrainConfig
+from jaxrl.models import lora
 from jaxrl.train.batch import Batch, check_batch, pad_batch, padded_shape
 from jaxrl.train.flops import mfu, peak_flops, train_flops_per_token
 from jaxrl.train.logprobs import make_logprobs_fn
 from jaxrl.train.minibatch import combine_update_metrics, plan_updates, take_rows
 from jaxrl.train.objective import correction_needs
-from jaxrl.models import lora
 from jaxrl.train.state import (
     TrainState,
     init_frozen,
