@@ -131,7 +131,8 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
         seq_len=seq_len, version=start_step,
         eos_id=tokenizer.eos_id, multi=processes.multi, base=trainer.frozen)
     pool, scorer = build.rewards(cfg, task, multi=processes.multi, closers=closers)
-    env_runner = build_runner(cfg, task, scheduler, tokenizer, scorer, closers)  # multi-turn
+    env_runner = build_runner(cfg, task, scheduler, tokenizer, scorer, closers,  # multi-turn
+                              trace)
     producer = RolloutProducer(
         scheduler=scheduler, task=task, tokenizer=tokenizer, prompts=prompts, scorer=scorer,
         trace=trace, tracker=tracker, data_states=data_states, env_runner=env_runner,

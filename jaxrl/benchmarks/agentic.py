@@ -64,9 +64,8 @@ class _ToolEnv(Environment):
             r = self.tools.python(f"import time\ntime.sleep({latency:.4f})\n"
                                   "n = globals().get('n', 0) + 1\nprint(n, end='')")
             return Step(observation=f"={r.stdout};")
-        t0 = time.perf_counter()
-        time.sleep(latency)
-        self.tools.latencies.append(time.perf_counter() - t0)
+        with self.tools.timed():
+            time.sleep(latency)
         return Step(observation=f"={self.calls};")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl.controller.trace import TraceWriter
 from jaxrl.envs.base import Environment, Step, Tools, stop_token_ids
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.generate.scheduler import Scheduler
@@ -105,13 +106,17 @@ class EpisodeRunner:
       max_tokens: the episode's budget of tokens after the prompt (model + observation).
       tool_threads: environment steps run at once.
       blocking: an episode holds a slot for its whole life (the comparison; see module doc).
+      trace: the run's trace; each tool call becomes a `tool_call` span on its `sandbox` track
+        (start and duration on the trace's clock; args: status, episode, turn).
     """
 
     def __init__(self, scheduler: Scheduler, tokenizer, env_cls: type[Environment], *,
                  sessions=None, max_tokens: int, tool_threads: int = 8,
                  tool_timeout_s: float = 5.0, blocking: bool = False, max_live: int = 0,
-                 score_for: Callable[[Mapping], Callable[[str], float]] | None = None):
+                 score_for: Callable[[Mapping], Callable[[str], float]] | None = None,
+                 trace: TraceWriter | None = None):
         self.scheduler, self.tokenizer, self.env_cls = scheduler, tokenizer, env_cls
+        self.trace = trace
         self.sessions, self.max_tokens, self.blocking = sessions, int(max_tokens), blocking
         self.tool_timeout_s, self.score_for = tool_timeout_s, score_for
         # Episodes live at once: each may hold a tool session, so never more than the session
@@ -129,8 +134,9 @@ class EpisodeRunner:
 
     def make_env(self, record) -> Environment:
         score = self.score_for(record) if self.score_for is not None else None
+        clock = self.trace.now if self.trace is not None else time.perf_counter
         return self.env_cls(record, Tools(self.sessions, timeout_s=self.tool_timeout_s,
-                                          score=score))
+                                          score=score, clock=clock))
 
     def _turn_params(self, ep: Episode, base: SamplingParams, sample: int, n: int = 1
                      ) -> SamplingParams | None:
@@ -214,8 +220,13 @@ class EpisodeRunner:
                 if fut.exception() is not None:
                     log.error("environment step failed: %r", fut.exception())
                 step = fut.result() if fut.exception() is None else Step(done=True)
-                st.tool_calls += len(env.tools.latencies) - len(ep.tool_s)
-                ep.tool_s = list(env.tools.latencies)
+                new_calls = env.tools.calls[len(ep.tool_s):]
+                st.tool_calls += len(new_calls)
+                ep.tool_s += [c.dur_s for c in new_calls]
+                if self.trace is not None:
+                    for c in new_calls:
+                        self.trace.add("sandbox", "tool_call", c.start_s, c.dur_s,
+                                       status=c.status, episode=f"{gi}.{k}", turn=ep.turns)
                 ep.reward += float(step.reward)
                 if env.tools.broken:
                     ep.reward = env.session_penalty
@@ -243,10 +254,11 @@ class EpisodeRunner:
         return groups
 
 
-def build_runner(cfg, task, scheduler, tokenizer, scorer, closers: list) -> EpisodeRunner | None:
+def build_runner(cfg, task, scheduler, tokenizer, scorer, closers: list,
+                 trace: TraceWriter | None = None) -> EpisodeRunner | None:
     """The run's episode runner when its task names an environment (else None): a session pool
     sized for the episodes of one step (at most 32 live at once), the task's reward as the
-    environments' trusted verdict."""
+    environments' trusted verdict, tool calls as spans on `trace`."""
     if not task.env:
         return None
     from jaxrl.envs.base import get_env
@@ -262,7 +274,7 @@ def build_runner(cfg, task, scheduler, tokenizer, scorer, closers: list) -> Epis
 
     runner = EpisodeRunner(scheduler, tokenizer, env_cls, sessions=sessions,
                            max_tokens=cfg.data.max_new_tokens, score_for=score_for,
-                           tool_timeout_s=cfg.rewards.timeout_s)
+                           tool_timeout_s=cfg.rewards.timeout_s, trace=trace)
     closers.append(runner.close)
     log.info("multi-turn episodes: environment %s, %d tool session slots (tier %s)", task.env,
              sessions.num_slots, sessions.tier)

@@ -25,10 +25,11 @@ Nothing here imports jax: environments are host-side Python.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from jaxrl.rewards.sessions import ENDINGS, SessionPool, ToolResult
@@ -43,28 +44,52 @@ class Step:
     reward: float = 0.0  # summed over the episode's steps
 
 
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    """One call of an episode's tool: its start on the `Tools` clock, its duration, its status."""
+
+    start_s: float
+    dur_s: float
+    status: str
+
+
 class Tools:
     """An episode's tools: a stateful Python session (opened on first use, closed with the
-    episode) and the latency of each call. `broken` names the limit that closed the session."""
+    episode) and each call's start and duration on `clock` (the run's trace clock when it has
+    one: `EpisodeRunner(trace=...)`). `broken` names the limit that closed the session."""
 
     def __init__(self, sessions: SessionPool | None, *, timeout_s: float = 5.0,
-                 max_output_bytes: int = 4096, score: Callable[[str], float] | None = None):
+                 max_output_bytes: int = 4096, score: Callable[[str], float] | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self._sessions, self._session, self._score = sessions, None, score
-        self.timeout_s, self.max_output_bytes = timeout_s, max_output_bytes
-        self.latencies: list[float] = []
+        self.timeout_s, self.max_output_bytes, self._clock = timeout_s, max_output_bytes, clock
+        self.calls: list[ToolCall] = []
         self.broken: str | None = None
+
+    @property
+    def latencies(self) -> list[float]:
+        return [c.dur_s for c in self.calls]
+
+    @contextlib.contextmanager
+    def timed(self, status: str = "ok") -> Iterator[None]:
+        """Records the body as one tool call (a tool that is not the Python session)."""
+        t0 = self._clock()
+        try:
+            yield
+        finally:
+            self.calls.append(ToolCall(t0, max(self._clock() - t0, 0.0), status))
 
     def python(self, code: str, *, timeout_s: float | None = None) -> ToolResult:
         """Runs `code` in the episode's session; a final expression's value is printed."""
         if self._sessions is None:
             raise RuntimeError("this run has no tool sessions (the environment needs a "
                                "SessionPool: EpisodeRunner(sessions=...))")
-        t0 = time.perf_counter()
+        t0 = self._clock()
         if self._session is None:
             self._session = self._sessions.open()
         r = self._session.run(code, timeout_s=timeout_s or self.timeout_s,
                               max_output_bytes=self.max_output_bytes)
-        self.latencies.append(time.perf_counter() - t0)
+        self.calls.append(ToolCall(t0, max(self._clock() - t0, 0.0), r.status))
         if r.closed and r.status in ENDINGS:
             self.broken = r.status
         return r

@@ -161,6 +161,45 @@ def test_a_session_closed_by_its_timeout_ends_the_episode_with_the_penalty(engin
         assert s.run("print(sorted(globals()))").stdout == "['__builtins__', '__name__']\n"
 
 
+class TwoTools(Ping):
+    """Two tool calls per turn: a Python call in the session and a timed sleep."""
+
+    max_turns = 2
+
+    def step(self, action: str) -> Step:
+        self.tools.python("import time\ntime.sleep(0.03)")
+        with self.tools.timed():
+            time.sleep(0.01)
+        return Step(observation=OBS)
+
+
+def test_each_tool_call_is_a_span_on_the_sandbox_track(engine, sessions):
+    from jaxrl.controller.trace import TraceWriter
+
+    trace = TraceWriter()
+    runner = EpisodeRunner(Scheduler(engine), TOK, TwoTools, sessions=sessions, max_tokens=40,
+                           trace=trace)
+    try:
+        groups = runner.run(_records(1), [[TOK.bos_id, 60]], [SamplingParams(seed=2, n=2)])
+    finally:
+        runner.close()
+    sandbox = next(e["tid"] for e in trace.events() if e.get("args", {}).get("name") == "sandbox")
+    spans = [e for e in trace.events() if e["ph"] == "X" and e["name"] == "tool_call"]
+    assert all(e["tid"] == sandbox for e in spans)
+    assert len(spans) == runner.stats.tool_calls == 2 * 2 * 2  # episodes x turns x calls
+    durations = sorted(e["dur"] / 1e6 for e in spans)
+    latencies = sorted(t for ep in groups[0] for t in ep.tool_s)
+    np.testing.assert_allclose(durations, latencies, atol=1e-5)
+    assert all(0.01 <= d < 0.5 for d in durations[:4]) and all(d >= 0.03 for d in durations[4:])
+    by_episode = {}
+    for e in spans:
+        by_episode.setdefault(e["args"]["episode"], []).append(e)
+    for calls in by_episode.values():  # an episode's calls one after the other, not overlapping
+        calls.sort(key=lambda e: e["ts"])
+        assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(calls, calls[1:], strict=False))
+        assert [e["args"]["turn"] for e in calls] == [1, 1, 2, 2]
+
+
 def test_builtin_environments_answer_with_their_tools(sessions):
     lookup = get_env("lookup")({"answer": "7", "prompt": "k="}, Tools(sessions))
     assert lookup.step("?") == Step(observation="7;")
