@@ -39,6 +39,7 @@ from typing import Any
 
 from jaxrl.rewards.code_tests import (
     TestCase,
+    code_tests_batch,
     extract_code,
     harness_source,
     parse_harness_output,
@@ -386,6 +387,48 @@ def pysynth_reward(prompt: str, completion: str, *, inputs, expected, pool=None,
     """1.0 if the completion's f agrees with the reference on every hidden input (sandboxed)."""
     del prompt
     (score,) = pysynth_batch(
+        [{"completion": completion, "inputs": inputs, "expected": expected}], pool=pool, **options
+    )
+    if isinstance(score, Exception):
+        raise score
+    return score
+
+
+def pysynth_tests_batch(items: Sequence[Mapping[str, Any]], *, pool, workers=None,
+                        timeout_s: float | None = None, **options) -> list[float | Exception]:
+    """The fraction of the hidden tests the completion's f passes, judged as `code_tests` judges
+    function cases: the candidate only computes values in a process of its own, a judge process
+    that never loads its code compares them with the expected values (which never enter the
+    candidate's process) and reports each case on a channel the candidate cannot reach. Text
+    that does not parse scores 0 without reaching the sandbox. Options: those of
+    `code_tests_batch` (mode "fraction" by default; "all" for 0 or 1)."""
+    del workers, timeout_s
+    out: list[float | Exception] = [0.0] * len(items)
+    judged, ids = [], []
+    for k, item in enumerate(items):
+        if "inputs" not in item or "expected" not in item:
+            out[k] = ValueError(f"pysynth item needs 'inputs' and 'expected'; has {sorted(item)}")
+            continue
+        kind, code = parse_candidate(str(item.get("completion", "")))
+        if kind == "invalid":
+            continue
+        program = f"def f(x):\n    return ({code})\n" if kind == "expr" else code
+        tests = [{"fn": "f", "args": [int(x)], "expected": int(y)}
+                 for x, y in zip(item["inputs"], item["expected"], strict=True)]
+        judged.append({"prompt": "", "completion": program, "tests": tests})
+        ids.append(k)
+    if judged:
+        for k, score in zip(ids, code_tests_batch(judged, pool=pool, **options), strict=True):
+            out[k] = score
+    return out
+
+
+@register_reward("pysynth_tests", batch=pysynth_tests_batch, needs_pool=True, isolated=False)
+def pysynth_tests_reward(prompt: str, completion: str, *, inputs, expected, pool=None,
+                         **options):
+    """The fraction of the hidden tests the completion's f passes (judged; see the batch)."""
+    del prompt
+    (score,) = pysynth_tests_batch(
         [{"completion": completion, "inputs": inputs, "expected": expected}], pool=pool, **options
     )
     if isinstance(score, Exception):

@@ -388,4 +388,7 @@ def _python_tool_task(cfg: DataConfig) -> Task:
 
 @register_task("code_feedback")
 def _code_feedback_task(cfg: DataConfig) -> Task:
-    return dataclasses.replace(_pysynth_task(cfg), name="code_feedback", env="code_feedback")
+    """pysynth problems as episodes; the reward is the final candidate's pass rate over the hidden
+    tests (`pysynth_tests`: judged, not pysynth's all-or-nothing verdict)."""
+    return dataclasses.replace(_pysynth_task(cfg), name="code_feedback", env="code_feedback",
+                               rewards={"pysynth_tests": 1.0})

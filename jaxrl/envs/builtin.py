@@ -54,13 +54,20 @@ class PythonTool(Environment):
 class CodeFeedback(Environment):
     """Write a function, see which shown examples it gets wrong, retry (up to `max_turns`).
     The candidate's values on the shown inputs come from the episode's session (data for the
-    feedback, never a verdict); the reward is the task's own verdict on the final turn (for
-    `pysynth`: every hidden input right), taken on the trusted side once the shown examples
-    pass. Feedback names the shown examples it gets wrong (never the hidden tests)."""
+    feedback, never a verdict). The episode ends when the shown examples pass or at the last
+    turn; its reward is then the final candidate's pass rate over the hidden tests, the task's
+    own reward taken on the trusted side (`pysynth_tests`: judged outside the candidate's
+    process). Feedback names the shown examples it gets wrong (never the hidden tests). An
+    episode a token or wall-clock budget cuts has no final answer: reward 0."""
 
     max_turns = 3
 
+    def __init__(self, record, tools):
+        super().__init__(record, tools)
+        self.turn = 0
+
     def step(self, action: str) -> Step:
+        self.turn += 1
         candidate = action.strip()
         shown = [(int(x), int(y)) for x, y in
                  re.findall(r"f\((-?\d+)\)=(-?\d+)", str(self.record["prompt"]))]
@@ -68,14 +75,12 @@ class CodeFeedback(Environment):
         r = self.tools.python(f"{body}\nprint([f(x) for x, _ in {shown!r}])")
         got = _ints(r.stdout)
         wrong = [f"f({x})={y} not {g}" for (x, y), g in zip(shown, got, strict=False) if y != g]
-        if r.status == "ok" and not wrong and len(got) == len(shown):
+        passed = r.status == "ok" and not wrong and len(got) == len(shown)
+        if passed or self.turn >= self.max_turns:
             return Step(done=True, reward=self.tools.score(action))
         feedback = " ".join(wrong) if r.status == "ok" else (r.stderr.strip().splitlines()
                                                               or ["error"])[-1][:80]
         return Step(observation=f"\nwrong: {feedback}\nf(x)=")
-
-    def on_budget(self) -> float:  # out of turns: the last candidate's verdict, as the reward
-        return 0.0
 
 
 def _ints(text: str) -> list[int]:

@@ -219,6 +219,41 @@ def test_builtin_environments_answer_with_their_tools(sessions):
     assert sessions.stats()["session_count"] == 0
 
 
+def test_code_feedback_reward_is_the_judged_pass_rate_of_the_final_candidate(sessions):
+    from jaxrl.config import DataConfig
+    from jaxrl.data.pysynth import pysynth_tests_batch
+    from jaxrl.data.tasks import build_task
+    from jaxrl.rewards import LocalSandboxPool
+    from jaxrl.rewards.rewards import RewardScorer
+
+    task = build_task(DataConfig(task="code_feedback"))
+    assert dict(task.rewards) == {"pysynth_tests": 1.0}
+    inputs = [-3, 0, 2, 4, 7, 9, 12, 15]
+    record = {"prompt": "f(1)=3 f(2)=5\nf(x)=", "inputs": inputs,
+              "expected": [2 * x + 1 for x in inputs]}
+    partial = "def f(x):\n    return 2*x+1 if x < 8 else 0"  # right on 5 of the 8 hidden inputs
+    forger = ("def f(x):\n    import os\n    os.write(1, b'0 %d pass\\n' % x)\n"
+              "    print('pass')\n    return 0")
+    with LocalSandboxPool(num_workers=1) as pool, \
+            RewardScorer(task.reward_spec(), pool=pool) as scorer:
+        def score(text):
+            return float(scorer.score_batch(task.reward_items([record], [text])).total[0])
+
+        assert pysynth_tests_batch([{**record, "completion": c} for c in
+                                    ("2*x+1", "x+x", partial, forger, "2*x+")], pool=pool) == [
+            1.0, 0.0, 5 / 8, 0.0, 0.0]
+        env = get_env("code_feedback")(record, Tools(sessions, score=score))
+        assert env.step("x+2") == Step(observation="\nwrong: f(2)=5 not 4\nf(x)=")
+        assert env.step(partial) == Step(done=True, reward=5 / 8)  # shown pass, hidden 5 of 8
+        env.tools.close()
+        env = get_env("code_feedback")(record, Tools(sessions, score=score))
+        env.step("x")
+        env.step("x")
+        # the last turn ends the episode though f(1) is wrong: right at x=2 and the 3 inputs >= 8
+        assert env.step("x+3 if x < 8 else 2*x+1") == Step(done=True, reward=4 / 8)
+        env.tools.close()
+
+
 def test_stop_strings_must_be_one_token():
     from jaxrl.envs.base import stop_token_ids
 
