@@ -157,7 +157,8 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
                    "pipeline/mode": cfg.pipeline.mode})
     pipeline = Pipeline(mode=cfg.pipeline.mode, max_staleness=cfg.pipeline.max_staleness,
                         produce=producer.produce, train=learner.train,
-                        publish=learner.publish, trace=trace)
+                        publish=learner.publish, trace=trace,
+                        lead=learner.lead if cfg.pipeline.lead == "auto" else None)
     evals, advice = {"start": {}, "end": {}}, []
 
     def save_checkpoint(steps_done: int, row: dict) -> None:  # registered last: completes the row

@@ -342,6 +342,11 @@ class PipelineConfig:
     stale_policy: Literal["drop", "downweight"] = "drop"
     stale_weight: float = 0.5
     max_oversample_rounds: int = 2  # extra prompt draws to replace zero-variance groups
+    # "auto" (async / inflight): the lead, how many versions the generator may run ahead, moves
+    # within 0..max_staleness with the measured drift between behaviour and current policy
+    # (M2 of the log ratio against lead_tau; jaxrl.controller.lead); "fixed": max_staleness
+    lead: Literal["fixed", "auto"] = "fixed"
+    lead_tau: float = 0.04  # M2PO's tau
     # every this many steps, a few (prompt, completion, reward) samples go to TensorBoard (text)
     # and <run_dir>/samples.jsonl; 0 = off
     samples_every: int = 10
@@ -361,6 +366,12 @@ class PipelineConfig:
             raise ConfigError(
                 f"pipeline.max_staleness: mode {self.mode!r} needs >= 1, got {self.max_staleness}"
             )
+        if self.lead == "auto" and self.mode not in ("async", "inflight"):
+            raise ConfigError(f"pipeline.lead='auto' needs mode 'async' or 'inflight' (its lead "
+                              f"is fixed by construction), got mode {self.mode!r}")
+        if not (math.isfinite(self.lead_tau) and self.lead_tau > 0):
+            raise ConfigError(f"pipeline.lead_tau: must be a finite number > 0, got "
+                              f"{self.lead_tau}")
         if not 0.0 < self.stale_weight <= 1.0:
             raise ConfigError(f"pipeline.stale_weight: must lie in (0, 1], got {self.stale_weight}")
         if self.mode == "periodic" and self.max_staleness < 1 and self.stale_policy == "drop":

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import jax
 
 from jaxrl.controller.buffer import apply_staleness_bound, groups_to_batch, staleness_stats
+from jaxrl.controller.lead import LeadRule
 from jaxrl.controller.pipeline import Produced
 
 
@@ -52,6 +53,10 @@ class Learner:
         self._ending = False  # inside finish(): row hooks run as end hooks
         self._prev: dict | None = None  # trainer metrics of the step before the current one
         self._pending: tuple[int, dict] | None = None  # (step, row) waiting for those metrics
+        # pipeline.lead=auto: the lead follows the drift the trainer measures (one step late)
+        self.lead_rule = (LeadRule(k_max=pipeline_cfg.max_staleness, tau=pipeline_cfg.lead_tau)
+                          if pipeline_cfg.lead == "auto" else None)
+        self._staleness_mean = 0.0  # of the batch whose trainer metrics come next
 
     def add_hook(self, fn: Callable[[int, dict], None], *, every: int = 1,
                  at_end: bool = False, on: str = "step") -> None:
@@ -101,16 +106,30 @@ class Learner:
             raise RuntimeError(f"step {step}: every group exceeded the staleness bound "
                                f"{pc.max_staleness} and was dropped")
         self._prev = self.trainer.step(groups_to_batch(groups), seed_step=step)
+        stale = staleness_stats(groups, step)
+        self._update_lead(stale["staleness/mean"])
         # wait for the update here, so that the trace's train_step span (and not the weight
         # sync that follows and would wait for it anyway) holds the trainer's compute
         jax.block_until_ready(self.trainer.state.params)
         metrics = dict(produced.metrics)
-        metrics.update(staleness_stats(groups, step))
+        metrics.update(stale)
+        if self.lead_rule is not None:
+            metrics.update(self.lead_rule.metrics())
         metrics["staleness/dropped_groups"] = float(dropped)
         metrics["staleness/downweighted_groups"] = float(downweighted)
         metrics["pipeline/batch_size"] = float(num_rollouts)
         metrics.update(self.constants)
         return metrics, self.trainer.state.params
+
+    def _update_lead(self, staleness_mean: float) -> None:
+        """Feed the previous batch's M2 (its trainer metrics arrive now) to the lead rule."""
+        prev_staleness, self._staleness_mean = self._staleness_mean, staleness_mean
+        if self.lead_rule is not None and self._prev and "is/behaviour_m2" in self._prev:
+            self.lead_rule.update(self._prev["is/behaviour_m2"], prev_staleness)
+
+    def lead(self) -> int:
+        """The lead the generator may run ahead now (`Pipeline(lead=...)`; pipeline.lead=auto)."""
+        return self.lead_rule.lead if self.lead_rule is not None else self.cfg.max_staleness
 
     def publish(self, params, version: int):
         return self.sync.publish(params, version)

@@ -103,9 +103,13 @@ class Pipeline:
         publish: Callable[[Any, int], tuple[Any, dict]],
         trace: TraceWriter | None = None,
         poll_s: float = 0.05,
+        lead: Callable[[], int] | None = None,
     ):
         self.mode = mode
-        self.ahead = ahead_for(mode, max_staleness)
+        # lead(): the lead for batches not yet started, asked after each step (adaptive
+        # staleness, jaxrl.controller.lead); it may lie in 0..ahead_for(mode, max_staleness)
+        self._lead = lead
+        self.ahead = self._max_ahead = ahead_for(mode, max_staleness)
         if mode in ("async", "inflight") and max_staleness < 1:
             raise ValueError(f"mode {mode!r} needs max_staleness >= 1, got {max_staleness}")
         self._produce, self._train, self._publish = produce, train, publish
@@ -124,10 +128,12 @@ class Pipeline:
 
     # ------------------------------------------------------------------ generator side
 
-    def _wait_for_version(self, version: int) -> None:
+    def _wait_for_version(self, batch: int) -> None:
+        """Wait until batch `batch` may start: version `batch - ahead` published (the lead is
+        read again while waiting, so a lead raised meanwhile takes effect at once)."""
         pub = self._published
         with pub.cond:
-            while pub.version < version:
+            while pub.version < batch - self.ahead:
                 if self._stop.is_set():
                     raise PipelineStopped()
                 if self._calls:
@@ -171,7 +177,7 @@ class Pipeline:
             for b in range(start, end):
                 self._serve_calls()
                 t0 = time.perf_counter()
-                self._wait_for_version(b - self.ahead)
+                self._wait_for_version(b)
                 waited = time.perf_counter() - t0
                 self._gen_idle_s += waited
                 if waited > 1e-3:
@@ -244,6 +250,8 @@ class Pipeline:
                 t0 = time.perf_counter()
                 with self.trace.span("trainer", "train_step", step=step):
                     metrics, params = self._train(step, produced)
+                if self._lead is not None:
+                    self.ahead = min(max(int(self._lead()), 0), self._max_ahead)
                 pub_metrics = self._timed_publish(params, step + 1)
                 train_s = time.perf_counter() - t0
                 window = time.perf_counter() - window_start

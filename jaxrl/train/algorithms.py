@@ -446,6 +446,17 @@ def m2po(old_logp_BT, behav_logp_BT, mask_BT, *, cap, m2_tau):
     return w_BT, new_mask_BT, stats
 
 
+def log_ratio_m2(logp_BT: Array, behav_logp_BT: Array, mask_BT: Array) -> Array:
+    """Second moment of the log importance ratio over the loss tokens,
+
+        M2 = sum_t m_t (log pi(y_t) - log mu(y_t))^2 / sum_t m_t,
+
+    the mismatch between the policy `pi` and the behaviour policy `mu` that sampled the tokens.
+    Zheng et al. 2025 (M2PO) bound it by tau; `pipeline.lead=auto` sets the generator's lead
+    from it (jaxrl.controller.lead)."""
+    return masked_mean(jnp.square(logp_BT - behav_logp_BT), mask_BT)
+
+
 def entropy_from_logits(logits_BTV: Array) -> Array:
     """H_t = logsumexp(z) - sum_v softmax(z)_v z_v, in f32."""
     z = logits_BTV.astype(jnp.float32)

@@ -118,6 +118,9 @@ def policy_objective(
             m2_tau=cfg.m2_tau,
         )
         stats.update({f"is/{k.removeprefix('is_')}": v for k, v in cstats.items()})
+    if batch.behaviour_logprobs is not None:  # drift of pi from mu (adaptive staleness)
+        stats["is/behaviour_m2"] = A.log_ratio_m2(
+            jax.lax.stop_gradient(logp_BT), batch.behaviour_logprobs, batch.loss_mask)
     loss_fn = A.POLICY_LOSSES.get(cfg.policy_loss)
     pg_BT, pstats = loss_fn(
         logp_BT,
