@@ -1,0 +1,182 @@
+"""Live rebalancing policy: when to move chips between the trainer and the generator.
+
+One pure policy, fed measured rates by the controller (`pipeline.rebalance=auto`,
+jaxrl/controller/rebalance.py) and simulated ones by `simulate_rebalancing` below, so the policy
+studied at the published scale is the one a run uses. The model is the planner's
+(docs/planner.md, "Closing the loop"): per-chip rates are held fixed, so at a split T:G the
+trainer consumes `t*T` and the generator produces `g*G` samples per busy second, and
+`analytic.pipeline_rates` combines them per mode. Per step the policy
+
+1. smooths the per-chip rates `t = consumed/T` and `g = produced/G` (exponential average);
+2. predicts the throughput of every feasible split in steps of `granularity` chips;
+3. moves to the best one when, over `horizon_s` seconds, the predicted gain pays for the
+   measured cost of a move (samples not consumed while it runs) and the relative gain exceeds
+   `margin`, at least `min_interval` steps have passed since the last move, and the same move
+   was proposed on `confirm` consecutive steps.
+
+`margin` and `confirm` are the hysteresis: a move changes the split only for a gain that rate
+noise does not explain, and moving back needs the same. The cost starts at `cost_s` and becomes
+the measured one after each move (`moved`). Every decision carries its predicted rate, compared
+with the rate measured after it (`Decision.measured_rate`, filled in later).
+
+`simulate_rebalancing` is a step-level simulation (each step's time from `pipeline_rates` at the
+split, noisy measured rates, a move's cost added to wall time), not the discrete-event
+simulator of `simulate.py`, whose split is fixed for a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from jaxrl.planner.analytic import pipeline_rates
+
+
+@dataclasses.dataclass(frozen=True)
+class RebalanceConfig:
+    granularity: int = 1  # chips per move unit (8: whole 8-GPU nodes)
+    margin: float = 0.03  # relative gain a move must promise beyond its cost
+    min_interval: int = 5  # steps between two moves (and before the first)
+    horizon_s: float = 600.0  # seconds over which a move must pay for itself
+    cost_s: float = 30.0  # assumed cost of a move until one is measured
+    smoothing: float = 0.3  # weight of the newest step in the rate averages
+    confirm: int = 3  # consecutive steps that must propose the same move before it is made
+
+    def __post_init__(self):
+        if self.granularity < 1 or self.min_interval < 0 or self.margin < 0 or self.confirm < 1:
+            raise ValueError(f"RebalanceConfig: need granularity >= 1, min_interval >= 0, "
+                             f"margin >= 0, confirm >= 1; got {self.granularity}, "
+                             f"{self.min_interval}, {self.margin}, {self.confirm}")
+        if not (self.horizon_s > 0 and self.cost_s >= 0 and 0 < self.smoothing <= 1):
+            raise ValueError(f"RebalanceConfig: need horizon_s > 0, cost_s >= 0, 0 < smoothing "
+                             f"<= 1; got {self.horizon_s}, {self.cost_s}, {self.smoothing}")
+
+
+@dataclasses.dataclass
+class Decision:
+    step: int
+    old: tuple[int, int]  # trainer:generator chips before
+    new: tuple[int, int]
+    current_rate: float  # predicted samples/s at the old split (from the smoothed rates)
+    predicted_rate: float  # predicted at the new split
+    cost_s: float  # the cost assumed when deciding
+    measured_cost_s: float | None = None
+    measured_rate: float | None = None  # consumed samples/s measured after the move
+
+    def log_line(self) -> str:
+        meas = "" if self.measured_rate is None else f", measured {self.measured_rate:.3g}/s"
+        return (f"rebalance at step {self.step}: {self.old[0]}:{self.old[1]} -> "
+                f"{self.new[0]}:{self.new[1]}, predicted {self.current_rate:.3g} -> "
+                f"{self.predicted_rate:.3g} samples/s, move cost {self.cost_s:.3g}s{meas}")
+
+
+Feasible = Callable[[int, int], bool]
+
+
+class Rebalancer:
+    """The policy's state: smoothed per-chip rates, the split, the move cost, the decisions."""
+
+    def __init__(self, total: int, trainer_chips: int, cfg: RebalanceConfig | None = None, *,
+                 mode: str = "periodic", batch: int = 1, staleness: int = 1,
+                 feasible: Feasible | None = None):
+        self.cfg = cfg or RebalanceConfig()
+        self.total, self.split = total, (trainer_chips, total - trainer_chips)
+        self.mode, self.batch, self.staleness = mode, batch, staleness
+        self.feasible = feasible or (lambda t, g: t >= 1 and g >= 1)
+        self.t_rate: float | None = None  # samples/s of trainer busy time per trainer chip
+        self.g_rate: float | None = None
+        self.cost_s = self.cfg.cost_s
+        self.since_move = 0
+        self._proposed: tuple[tuple[int, int] | None, int] = (None, 0)  # (target, times)
+        self.decisions: list[Decision] = []
+
+    def throughput(self, trainer_chips: int, generator_chips: int) -> float:
+        """Predicted consumed samples/s at a split, from the smoothed per-chip rates."""
+        return pipeline_rates(self.mode, self.batch, self.t_rate * trainer_chips,
+                              self.g_rate * generator_chips,
+                              staleness=self.staleness).consumed_per_s
+
+    def candidates(self) -> list[tuple[int, int]]:
+        g = self.cfg.granularity
+        out = [(t, self.total - t) for t in range(g, self.total, g)]
+        return [s for s in out if s == self.split or self.feasible(*s)]
+
+    def observe(self, consumed_per_s: float, produced_per_s: float) -> None:
+        """One step's measured rates (samples per busy second of each role, at `self.split`)."""
+        t, g = consumed_per_s / self.split[0], produced_per_s / self.split[1]
+        if not (np.isfinite(t) and np.isfinite(g) and t > 0 and g > 0):
+            return
+        a = self.cfg.smoothing
+        self.t_rate = t if self.t_rate is None else a * t + (1 - a) * self.t_rate
+        self.g_rate = g if self.g_rate is None else a * g + (1 - a) * self.g_rate
+        if self.decisions and self.decisions[-1].measured_rate is None and self.since_move >= 1:
+            self.decisions[-1].measured_rate = float(min(consumed_per_s, produced_per_s))
+        self.since_move += 1
+
+    def decide(self, step: int) -> Decision | None:
+        """The move to make now, or None (see the module docstring)."""
+        if self.t_rate is None or self.since_move < self.cfg.min_interval:
+            return None
+        current = self.throughput(*self.split)
+        best = max(self.candidates(), key=lambda s: self.throughput(*s))
+        predicted = self.throughput(*best)
+        gain = predicted - current
+        pays = gain * self.cfg.horizon_s > current * self.cost_s  # samples won > samples lost
+        if best == self.split or not pays or gain <= self.cfg.margin * current:
+            self._proposed = (None, 0)
+            return None
+        times = self._proposed[1] + 1 if self._proposed[0] == best else 1
+        self._proposed = (best, times)
+        if times < self.cfg.confirm:
+            return None
+        self._proposed = (None, 0)
+        return Decision(step, self.split, best, current, predicted, self.cost_s)
+
+    def moved(self, decision: Decision, measured_cost_s: float) -> None:
+        """The move was made: it took `measured_cost_s` (the next decisions assume that)."""
+        decision.measured_cost_s = measured_cost_s
+        self.split, self.cost_s, self.since_move = decision.new, measured_cost_s, 0
+        self.decisions.append(decision)
+
+
+@dataclasses.dataclass
+class RebalanceSim:
+    splits: list[tuple[int, int]]  # split of each step
+    step_s: np.ndarray  # wall time of each step (a move's cost added to the step it follows)
+    consumed_per_s: np.ndarray  # each step's throughput at its split (noise-free)
+    decisions: list[Decision]
+    batch: int
+
+    def steady_from(self, step: int) -> float:
+        """Consumed samples/s over the steps from `step` on (moves' costs included)."""
+        return float(self.batch * len(self.step_s[step:]) / np.sum(self.step_s[step:]))
+
+
+def simulate_rebalancing(trainer_rate_per_chip: float, generator_rate_per_chip: float,
+                         total: int, trainer_chips: int, *, steps: int, batch: int = 1,
+                         mode: str = "periodic", cfg: RebalanceConfig | None = None,
+                         move_cost_s: float = 30.0, noise: float = 0.05, seed: int = 0,
+                         feasible: Feasible | None = None) -> RebalanceSim:
+    """A run of `steps` steps at the step level: each step's time follows `pipeline_rates` at the
+    current split, the policy sees the rates with multiplicative log-normal noise (`noise`), and
+    a move costs `move_cost_s` of wall time. Batches are in units of samples."""
+    rng = np.random.default_rng(seed)
+    pol = Rebalancer(total, trainer_chips, cfg, mode=mode, batch=batch, feasible=feasible)
+    splits, step_s, rates = [], [], []
+    for step in range(steps):
+        t_chips, g_chips = pol.split
+        r = pipeline_rates(mode, batch, trainer_rate_per_chip * t_chips,
+                           generator_rate_per_chip * g_chips)
+        splits.append(pol.split)
+        step_s.append(r.step_s)
+        rates.append(r.consumed_per_s)
+        eps = rng.lognormal(0.0, noise, 2)
+        pol.observe(trainer_rate_per_chip * t_chips * eps[0],
+                    generator_rate_per_chip * g_chips * eps[1])
+        decision = pol.decide(step)
+        if decision is not None:
+            step_s[-1] += move_cost_s
+            pol.moved(decision, move_cost_s)
+    return RebalanceSim(splits, np.asarray(step_s), np.asarray(rates), pol.decisions, batch)
