@@ -3,7 +3,7 @@
     runner = EpisodeRunner(scheduler, tokenizer, get_env("python_tool"), sessions=session_pool)
     groups = runner.run(records, prompts, sampling)     # list (per record) of lists of Episode
 
-The generator never waits for a tool: when a turn ends (EOS or a stop token) its slot is free at
+The generator never waits for a tool: when a turn ends (EOS or a stop string) its slot is free at
 once and serves other sequences; the environment's `step` runs on a tool thread; when the
 observation returns, the episode's next turn is submitted as a new request whose prompt is the
 whole sequence so far (re-prefilled; docs/design.md says why). The first turn of a group's `n`
@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 
 from jaxrl.controller.trace import TraceWriter
-from jaxrl.envs.base import Environment, Step, Tools, stop_token_ids
+from jaxrl.envs.base import Environment, Step, Tools, split_stops
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.generate.scheduler import Scheduler
+from jaxrl.generate.stops import StopText
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,9 @@ class EpisodeRunner:
         # thread would deadlock); blocking: never more than the engine's slots.
         limits = [max_live or 1 << 30, sessions.num_slots if sessions is not None else 1 << 30]
         self.max_live = min(limits + ([scheduler.engine.num_slots] if blocking else []))
-        self.stop_ids = stop_token_ids(tokenizer, env_cls.stops(tokenizer))
+        self.stop_ids, strings = split_stops(tokenizer, env_cls.stops(tokenizer))
+        self.stop_text = (StopText(strings, lambda ids: tokenizer.decode(ids, errors="replace"))
+                          if strings else None)
         self._pool = concurrent.futures.ThreadPoolExecutor(tool_threads,
                                                            thread_name_prefix="env-tool")
         self.stats = EnvStats()
@@ -170,7 +173,7 @@ class EpisodeRunner:
             sp = self._turn_params(ep, sampling[gi], ks[0], len(ks))
             if sp is None:
                 return False
-            owner[sched.submit(ep.prompt + ep.tokens, sp)] = (gi, ks)
+            owner[sched.submit(ep.prompt + ep.tokens, sp, stop_text=self.stop_text)] = (gi, ks)
             return True
 
         def finish(ep: Episode, why: str) -> None:

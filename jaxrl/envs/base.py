@@ -3,7 +3,7 @@ observations, all in ONE token sequence.
 
     @register_env("echo_tool")
     class EchoTool(Environment):
-        stop = ("]",)            # strings that end a turn besides EOS (each must be one token)
+        stop = ("]",)            # strings that end a turn besides EOS
         max_turns = 3
 
         def step(self, action: str) -> Step:
@@ -111,7 +111,7 @@ class Environment:
     """One episode of a registered environment. Subclasses set the class attributes and define
     `step`; `self.record` is the dataset item, `self.tools` its tools."""
 
-    stop: tuple[str, ...] = ()  # strings that end a turn besides EOS; each must be one token
+    stop: tuple[str, ...] = ()  # strings that end a turn besides EOS (one token or several)
     max_turns: int = 4
     turn_max_tokens: int = 0  # tokens one turn may generate (0: the episode's budget)
     max_wall_s: float = 60.0  # the episode ends at its next turn boundary after this
@@ -122,8 +122,9 @@ class Environment:
 
     @classmethod
     def stops(cls, tokenizer) -> tuple[str, ...]:
-        """The stop strings for `tokenizer` (default: `stop`); override to pick a tool-call tag
-        that is one token in this vocabulary."""
+        """The stop strings for `tokenizer` (default: `stop`). A stop of one token ends the turn
+        on device; one of several tokens is checked on the decoded tail after each chunk (the
+        turn may then run a few tokens past it in the chunk before the check drops them)."""
         return cls.stop
 
     def step(self, action: str) -> Step:
@@ -174,15 +175,18 @@ def _builtins() -> None:
     importlib.import_module("jaxrl.envs.builtin")  # registers the built-ins (imports this module)
 
 
-def stop_token_ids(tokenizer, stops: tuple[str, ...]) -> tuple[int, ...]:
-    """The token id of each stop string; a stop must be exactly one token (a closing tool-call
-    tag is one special token in Qwen's and Llama's vocabularies, one character in the char
-    tokenizer's)."""
-    ids = []
+def split_stops(tokenizer, stops: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(stop ids, stop strings): a stop that is one token with `tokenizer` ends the turn on
+    device as a stop id (a closing tool-call tag is one special token in Qwen's vocabulary);
+    one spelled with several tokens is checked on the decoded tail of the generated ids after
+    each chunk (`jaxrl.generate.stops.StopText`)."""
+    ids, strings = [], []
     for s in stops:
         enc = list(tokenizer.encode(s))
-        if len(enc) != 1:
-            raise ValueError(f"stop string {s!r} is {len(enc)} tokens with this tokenizer; a "
-                             "stop string must be exactly one token")
-        ids.append(int(enc[0]))
-    return tuple(ids)
+        if not enc:
+            raise ValueError(f"stop string {s!r} encodes to no tokens with this tokenizer")
+        if len(enc) == 1:
+            ids.append(int(enc[0]))
+        else:
+            strings.append(s)
+    return tuple(ids), tuple(strings)

@@ -131,6 +131,14 @@ class Engine(Protocol):
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int,
                slot_params: SlotParams) -> DecodeState: ...
 
+    def release(self, decode_state: DecodeState, slot: int) -> DecodeState:
+        """End `slot`'s sample now (finish reason stop): the host found a stop string in its
+        text (`jaxrl.generate.stops`). The slot is free for the next `insert`."""
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"release: slot {slot} outside [0, {self.num_slots})")
+        with self.mesh_context(decode_state):
+            return self._release_fn(decode_state, np.int32(slot))
+
     def generate(self, params: Weights, decode_state: DecodeState
                  ) -> tuple[DecodeState, StepResult]: ...
 
@@ -209,6 +217,7 @@ class JaxEngine:
             insert_kw = dict(out_shardings=self._state_shardings)
             chunk_kw = dict(out_shardings=(self._state_shardings, None))
         self._insert_fn = jax.jit(self._insert_impl, donate_argnums=(1,), **insert_kw)
+        self._release_fn = jax.jit(self._release_impl, donate_argnums=(0,), **insert_kw)
         self._chunk_fns = {
             n: jax.jit(functools.partial(self._chunk_impl, num_steps=n), donate_argnums=(1,),
                        **chunk_kw)
@@ -371,6 +380,14 @@ class JaxEngine:
         with self.mesh_context(decode_state):
             return self._insert_fn(prefix, decode_state, np.int32(slot), slot_params)
 
+    def release(self, decode_state: DecodeState, slot: int) -> DecodeState:
+        """End `slot`'s sample now (finish reason stop): the host found a stop string in its
+        text (`jaxrl.generate.stops`). The slot is free for the next `insert`."""
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"release: slot {slot} outside [0, {self.num_slots})")
+        with self.mesh_context(decode_state):
+            return self._release_fn(decode_state, np.int32(slot))
+
     def generate(self, params: Weights, decode_state: DecodeState
                  ) -> tuple[DecodeState, StepResult]:
         """Advance every active slot by one token."""
@@ -444,6 +461,12 @@ class JaxEngine:
             pending_logprob_B=state.pending_logprob_B.at[slot].set(logprob),
             pending_version_B=state.pending_version_B.at[slot].set(prefix.version),
         )
+
+    def _release_impl(self, state: DecodeState, slot):
+        return dataclasses.replace(
+            state, active_B=state.active_B.at[slot].set(False),
+            pending_B=state.pending_B.at[slot].set(False),
+            finish_reason_B=state.finish_reason_B.at[slot].set(FINISH_STOP))
 
     def _step(self, model: Transformer, st: DecodeState):
         """One decode step for all slots; inactive slots compute but change nothing."""

@@ -22,6 +22,7 @@ import numpy as np
 
 from jaxrl.generate.engine import FINISH_REASONS, JaxEngine, Prefix
 from jaxrl.generate.sampling import SamplingParams, seed_key_data
+from jaxrl.generate.stops import StopText
 
 
 @dataclasses.dataclass
@@ -81,6 +82,7 @@ class _Group:
     prompt: list[int]
     sampling: SamplingParams
     key_data: np.ndarray
+    stop_text: StopText | None = None
     prefix: Prefix | None = None
     next_sample: int = 0
 
@@ -115,16 +117,18 @@ class Scheduler:
     # ------------------------------------------------------------------ queue
 
     def submit(self, prompt: Sequence[int], sampling: SamplingParams,
-               request_id: int | None = None) -> int:
+               request_id: int | None = None, *, stop_text: StopText | None = None) -> int:
         """Queue `sampling.n` samples of `prompt`; returns the request id. Rejects (ValueError)
         a request the engine cannot serve exactly: empty prompt, unknown token or stop ids,
-        prompt + max_tokens beyond the KV cache."""
+        prompt + max_tokens beyond the KV cache. `stop_text`: stop strings of several tokens,
+        checked on the decoded tail after each chunk (`jaxrl.generate.stops`)."""
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         prompt = [int(t) for t in prompt]
         self.engine.check_request(prompt, sampling.max_tokens, sampling.stop_token_ids)
         rid = next(self._ids) if request_id is None else int(request_id)
-        self._queue.append(_Group(rid, prompt, sampling, seed_key_data(sampling.seed)))
+        self._queue.append(_Group(rid, prompt, sampling, seed_key_data(sampling.seed),
+                                  stop_text))
         return rid
 
     @property
@@ -198,15 +202,24 @@ class Scheduler:
             if run is None:
                 continue
             rows = np.nonzero(r.valid_CB[:, slot])[0]
+            before = len(run.tokens)
             run.tokens.extend(r.tokens_CB[rows, slot].tolist())
             run.logprobs.extend(r.logprobs_CB[rows, slot].tolist())
             run.versions.extend(r.versions_CB[rows, slot].tolist())
             self.stats.generated_tokens += len(rows)
-            if not r.active_B[slot]:
-                g = run.group
+            g = run.group
+            keep = g.stop_text.find(run.tokens, before) if g.stop_text is not None else None
+            if keep is not None:  # a stop string of several tokens: end the sample there
+                self.stats.generated_tokens -= len(run.tokens) - keep
+                del run.tokens[keep:], run.logprobs[keep:], run.versions[keep:]
+                if r.active_B[slot]:
+                    self.state = self.engine.release(self.state, slot)
+                reason = "stop"
+            elif not r.active_B[slot]:
                 reason = FINISH_REASONS.get(int(r.finish_reason_B[slot]))
                 if reason is None:
                     raise RuntimeError(f"internal: slot {slot} inactive with no finish reason")
+            if keep is not None or not r.active_B[slot]:
                 done.append(Completion(g.request_id, run.sample_index, g.prompt, run.tokens,
                                        run.logprobs, run.versions, reason))
                 self._slots[slot] = None

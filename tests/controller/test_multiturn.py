@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -254,13 +253,66 @@ def test_code_feedback_reward_is_the_judged_pass_rate_of_the_final_candidate(ses
         env.tools.close()
 
 
-def test_stop_strings_must_be_one_token():
-    from jaxrl.envs.base import stop_token_ids
+class PieceTokenizer:
+    """A vocabulary where the closing tag `</tool_call>` spans several tokens, spelled two
+    ways, and one token runs past it (`>\n`)."""
 
-    assert stop_token_ids(TOK, ("!",)) == (TOK.encode("!")[0],)
-    with pytest.raises(ValueError, match="exactly one token"):
-        stop_token_ids(TOK, ("</tool_call>",))
-    assert jnp.asarray(0) == 0
+    pieces = ["a", "b", "</", "tool", "_call", ">", ">\n", "<", "/", "tool_call>"]
+
+    def decode(self, ids, errors="replace"):
+        return "".join(self.pieces[i] for i in ids)
+
+    def encode(self, text):
+        return [self.pieces.index(p) for p in ("</", "tool", "_call", ">")] if text == \
+            "</tool_call>" else [self.pieces.index(c) for c in text]
+
+
+def test_a_stop_string_of_several_tokens_ends_at_the_token_that_completes_it():
+    from jaxrl.envs.base import split_stops
+    from jaxrl.generate.stops import StopText
+
+    tok = PieceTokenizer()
+    stop = StopText(("</tool_call>",), tok.decode)
+    assert stop.find([0, 2, 3, 4, 5, 0, 1]) == 5  # "a</tool_call>ab": ids kept up to ">"
+    assert stop.find([1, 7, 8, 9, 0]) == 4  # spelled "<" "/" "tool_call>"
+    assert stop.find([0, 2, 3, 4, 6, 0]) == 5  # ">\n" completes it: kept whole
+    assert stop.find([0, 2, 3, 4, 0, 5]) is None  # "</tool_call" then "a>": no stop
+    assert stop.find([2, 3, 4, 5, 0], start=5) is None  # checked before
+    assert split_stops(tok, ("a", "</tool_call>")) == ((0,), ("</tool_call>",))
+    assert split_stops(TOK, ("!",)) == ((TOK.encode("!")[0],), ())
+
+
+def test_multi_token_stop_keeps_exactly_the_generated_ids_and_frees_the_slot(engine):
+    from jaxrl.generate.stops import StopText
+
+    prompt, greedy = [TOK.bos_id, *TOK.encode("q0=")], SamplingParams(max_tokens=12,
+                                                                       temperature=0.0)
+    sched = Scheduler(engine)
+    sched.submit(prompt, greedy)
+    (free,) = sched.run()
+    text = [TOK.decode([t]) for t in free.tokens]
+    cut = next(j for j in range(2, 12) if "".join(text[j - 2:j]) not in "".join(text[:j - 1]))
+    stop = StopText(("".join(text[cut - 2:cut]),), lambda ids: TOK.decode(ids, errors="replace"))
+    sched.submit(prompt, greedy, stop_text=stop)
+    (stopped,) = sched.run()
+    assert stopped.finish_reason == "stop" and stopped.tokens == free.tokens[:cut]
+    assert stopped.logprobs == free.logprobs[:cut]
+    assert sched.num_running == 0 and not np.asarray(sched.state.active_B).any()
+    sched.submit(prompt, greedy)  # the released slot serves the next request as before
+    assert sched.run()[0].tokens == free.tokens
+
+    tag = stop.strings
+
+    class Tag(Ping):
+        stop = tag
+        turn_max_tokens = 12
+
+    runner = EpisodeRunner(sched, TOK, Tag, max_tokens=40)
+    try:
+        (ep,), = runner.run([{"prompt": "q0="}], [prompt], [greedy])
+    finally:
+        runner.close()
+    assert ep.tokens[:cut] == free.tokens[:cut] and ep.mask[:cut + 1] == [1] * cut + [0]
 
 
 def test_lookup_demonstrations_copy_the_tool_in_the_share_set_by_difficulty():
