@@ -295,8 +295,9 @@ class Prediction:
 
 
 def sandbox_cores(workload: Workload, samples_per_s: float, eff: Efficiency) -> float:
-    """CPU cores to score `samples_per_s` (Little's law), at the target utilization."""
-    return samples_per_s * workload.sandbox_exec_s / eff.sandbox_utilization
+    """CPU cores for the tool calls and the rewards of `samples_per_s` (Little's law), at the
+    target utilization: samples/s x ((turns - 1) x tool latency + reward s) / utilization."""
+    return samples_per_s * workload.sandbox_s_per_sample / eff.sandbox_utilization
 
 
 def predict(model: ModelSpec, hw: HardwareSpec, workload: Workload, eff: Efficiency,
@@ -310,12 +311,15 @@ def predict(model: ModelSpec, hw: HardwareSpec, workload: Workload, eff: Efficie
     barrier = gen.batch_s(n_gen)
     # Inflight keeps up to (1 + k) batches issued and not consumed; on average half a batch of
     # them waits in the buffer for the trainer, so about (k + 1/2) batches are being generated.
-    inflight_sps = gen.bounded_rate((0.5 + max(staleness, 1)) * n_gen, workload.sandbox_exec_s)
+    # A sample's tool calls and reward lie on its path (Q below): an episode waits for each
+    # tool, though its slot serves other sequences meanwhile.
+    inflight_sps = gen.bounded_rate((0.5 + max(staleness, 1)) * n_gen,
+                                    workload.sandbox_s_per_sample)
     modes = {
         m: pipeline_rates(m, workload.batch_size, tr.samples_per_s,
                           inflight_sps if m == "inflight" else n_gen / barrier, sync_s=sync,
                           gen_batch_s=barrier, zero_variance_frac=workload.zero_variance_frac,
-                          sandbox_latency_s=workload.sandbox_exec_s, staleness=staleness)
+                          sandbox_latency_s=workload.sandbox_s_per_sample, staleness=staleness)
         for m in MODES
     }
     return Prediction(tr, gen, sync, sandbox_cores(workload, gen.samples_per_s, eff), modes)

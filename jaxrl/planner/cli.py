@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxrl.planner import published
-from jaxrl.planner.analytic import MODES, Infeasible, predict
+from jaxrl.planner.analytic import MODES, Infeasible, predict, sandbox_cores
 from jaxrl.planner.hardware import CPU_NAME, HARDWARE, get_hardware
 from jaxrl.planner.measured import from_measured, read_run
 from jaxrl.planner.recommend import Recommendation, SplitResult, recommend_analytic
@@ -167,8 +167,10 @@ def _plan(args: argparse.Namespace, ov: dict[str, dict[str, str]]) -> str:
         f"{gen.samples_per_s / gen.replicas:.4g} samples/s at full occupancy "
         f"({gen.tokens_per_s / gen.replicas / gen.replica_chips:.4g} tokens/s/chip)",
         f"at {best.split}: weight sync {p.weight_sync_s:.3g} s/step; sandbox cores "
-        f"{best.rates.consumed_per_s * workload.sandbox_exec_s / eff.sandbox_utilization:.1f} "
-        f"(at {workload.sandbox_exec_s} s/sample)",
+        f"{sandbox_cores(workload, best.rates.consumed_per_s, eff):.1f} "
+        f"(at {workload.sandbox_s_per_sample:.4g} s/sample: "
+        f"{workload.tool_calls_per_sample:g} tool calls x {workload.tool_latency_s} s + reward "
+        f"{workload.sandbox_exec_s} s)",
         "", format_recommendation(rec)]
     if args.simulate or args.trace:
         out += ["", f"simulator (steps: {args.steps}):"]

@@ -4,7 +4,10 @@ What is simulated: response lengths drawn from the workload's long-tailed distri
 continuous batching on the generator (a fixed number of decode slots; every active sequence
 advances one token per decode step, whose duration depends on how many slots are busy and how
 much KV they hold, from `GeneratorModel.step_time`); prefill pauses; a sandbox pool of finite
-size scoring each sample (FIFO, log-normal execution times); groups whose rewards have zero
+size scoring each sample (FIFO, log-normal execution times of mean
+`Workload.sandbox_s_per_sample`: a multi-turn episode's tool calls are lumped with its reward
+after its generation, so the pool's load and the sample's latency are counted, not the slot a
+turn frees while its tool runs); groups whose rewards have zero
 variance being dropped and regenerated; and the trainer, which after each step publishes the new
 weights (weight sync, blocking the trainer, as jaxrl's controller does) before the next. The
 generator may start batch b once version b - ahead is published (ahead: sync 0, periodic 1,
@@ -210,7 +213,7 @@ class _Sim:
 
     def _submit(self, i: int) -> None:
         self.in_sandbox += 1
-        mean = self.w.sandbox_exec_s
+        mean = self.w.sandbox_s_per_sample  # tool calls + reward, after generation (see doc)
         dur = 0.0
         if mean > 0:
             s = self.cfg.sandbox_sigma

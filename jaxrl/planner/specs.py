@@ -98,7 +98,9 @@ class Workload:
     `epochs` passes over the batch and `logprob_passes` extra forward passes (old-policy and/or
     reference log-probabilities) do. `zero_variance_frac` is the fraction of groups filtered
     out (all rewards equal) that must be regenerated. `sandbox_exec_s` is the mean time to score
-    one sample on one CPU core (0: no sandbox).
+    one sample on one CPU core (0: no sandbox). Multi-turn episodes: `turns_per_episode` model
+    turns, each but the last ending in a tool call that holds one sandbox core for
+    `tool_latency_s` on average; `sandbox_s_per_sample` adds them up.
     """
 
     prompt_len: int = 1024
@@ -113,6 +115,8 @@ class Workload:
     zero_variance_frac: float = 0.0
     sandbox_exec_s: float = 0.0
     prefix_sharing: bool = True
+    turns_per_episode: float = 1.0
+    tool_latency_s: float = 0.0
 
     def __post_init__(self):
         _require(self.prompt_len >= 1, f"prompt_len must be >= 1, got {self.prompt_len}")
@@ -133,6 +137,19 @@ class Workload:
                  f"zero_variance_frac must be in [0, 1), got {self.zero_variance_frac}")
         _require(self.sandbox_exec_s >= 0, f"sandbox_exec_s must be >= 0, got "
                  f"{self.sandbox_exec_s}")
+        _require(self.turns_per_episode >= 1 and self.tool_latency_s >= 0,
+                 f"need turns_per_episode >= 1 and tool_latency_s >= 0, got "
+                 f"{self.turns_per_episode} and {self.tool_latency_s}")
+
+    @property
+    def tool_calls_per_sample(self) -> float:
+        """Each turn but the last ends in a tool call."""
+        return self.turns_per_episode - 1
+
+    @property
+    def sandbox_s_per_sample(self) -> float:
+        """Sandbox core-seconds per sample: its tool calls, then its reward."""
+        return self.tool_calls_per_sample * self.tool_latency_s + self.sandbox_exec_s
 
     @property
     def _mu(self) -> float:

@@ -1,5 +1,6 @@
 """launch/plan.py end to end (subprocess), and its override parsing."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -84,3 +85,36 @@ def test_overrides_are_strict():
     with pytest.raises(ValueError, match="SECTION.FIELD"):
         cli.parse_overrides(["--bogus"])
     assert cli.main(["--workload.nope=1"]) == 2
+
+
+def test_sandbox_cores_count_turns_and_tool_latency(capsys):
+    from jaxrl.planner.analytic import predict, sandbox_cores
+    from jaxrl.planner.hardware import get_hardware
+    from jaxrl.planner.specs import Efficiency, get_model
+
+    w = Workload(batch_size=128, group_size=8, response_mean=1024, response_max=4096,
+                 sandbox_exec_s=0.5, turns_per_episode=4, tool_latency_s=0.3)
+    eff = Efficiency(sandbox_utilization=0.8)
+    # 3 tool calls x 0.3 s + 0.5 s of reward = 1.4 core-s per sample; at 10 samples/s and 80%
+    # busy: 10 x 1.4 / 0.8 = 17.5 cores
+    assert w.sandbox_s_per_sample == pytest.approx(1.4)
+    assert sandbox_cores(w, 10.0, eff) == pytest.approx(17.5)
+    p = predict(get_model("qwen3-8b"), get_hardware("h100"), w, eff, 8, 8)
+    assert p.sandbox_cores == pytest.approx(p.generator.samples_per_s * 1.4 / 0.8)
+    one_turn = dataclasses.replace(w, turns_per_episode=1)  # tools cost nothing then
+    assert one_turn.sandbox_s_per_sample == 0.5
+    rc, out, err = run_main(capsys, "--model", "qwen3-8b", "--hardware", "h100", "--chips", "16",
+                            "--split", "8:8", "--workload.batch_size=128",
+                            "--workload.group_size=8", "--workload.response_mean=1024",
+                            "--workload.response_max=4096", "--workload.sandbox_exec_s=0.5",
+                            "--workload.turns_per_episode=4", "--workload.tool_latency_s=0.3",
+                            "--eff.sandbox_utilization=0.8")
+    assert rc == 0, err
+    line = next(ln for ln in out.splitlines() if "sandbox cores" in ln)
+    assert "3 tool calls x 0.3 s + reward 0.5 s" in line and "1.4 s/sample" in line, line
+    rec = next(ln for ln in out.splitlines() if ln.startswith("recommended:"))
+    rate = float(rec.split("-> ")[1].split()[0])  # samples/s of the recommended split and mode
+    cores = float(line.split("sandbox cores ")[1].split()[0])
+    assert cores == pytest.approx(rate * 1.4 / 0.8, abs=0.06)
+    rc, _, err = run_main(capsys, "--workload.turns_per_episode=0.5")
+    assert rc == 2 and "turns_per_episode" in err

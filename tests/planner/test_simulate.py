@@ -121,3 +121,16 @@ def test_simulator_agrees_with_analytic_model(mode):
     # (docs/planner.md: simulate before relying on it).
     tol = 0.4 if mode == "inflight" else 0.05
     assert sim.steady_consumed_per_s == pytest.approx(ana.consumed_per_s, rel=tol)
+
+
+def test_tool_calls_load_the_sandbox_pool():
+    # 2 tool calls x 0.1 s + 0.05 s of reward = 0.25 core-s per sample: 2 workers pass at most
+    # 2 / 0.25 = 8 samples/s, which the sandbox then bounds (generator and trainer are fast)
+    w = dataclasses.replace(WORKLOAD, zero_variance_frac=0.0, turns_per_episode=3,
+                            tool_latency_s=0.1)
+    fast = dict(gen=FixedGenerator(step_s=1e-5), trainer=LinearTrainer(1e-7), sync_s=0.0)
+    r = run("async", w=w, sandbox_workers=2, sandbox_sigma=0.0, staleness=2, **fast)
+    assert r.steady_consumed_per_s == pytest.approx(8.0, rel=0.05)
+    one_turn = run("async", w=dataclasses.replace(w, turns_per_episode=1), sandbox_workers=2,
+                   sandbox_sigma=0.0, staleness=2, **fast)
+    assert one_turn.steady_consumed_per_s == pytest.approx(2 / 0.05, rel=0.05)
