@@ -1,5 +1,5 @@
 """Serve a base model over the Tinker protocol: `python launch/serve.py --base-model DIR_OR_ID
-[--host 127.0.0.1] [--port 8000] [--api-key tml-...]`.
+[--host 127.0.0.1] [--port 8000] [--api-key tml-...] [--state-dir DIR]`.
 
 Scripts written against the `tinker` SDK then use `tinker.ServiceClient(base_url=URL,
 api_key=KEY)`; see docs/service.md. Needs the `service` extra (`pip install 'jaxrl[service]'`).
@@ -7,6 +7,7 @@ Arguments are checked before JAX is imported; the URL is printed once requests a
 """
 
 import argparse
+import os
 import sys
 
 LOCAL = ("127.0.0.1", "localhost", "::1")
@@ -26,7 +27,14 @@ def parse(argv):
     p.add_argument("--num-slots", type=int, default=8, help="concurrent samples per engine")
     p.add_argument("--max-batch-tokens", type=int, default=65536,
                    help="largest forward_backward request (tokens); larger ones are refused")
+    p.add_argument("--state-dir", default=None,
+                   help="where saved weights and sampling sessions are written, so they survive "
+                        "a restart (default: $XDG_STATE_HOME/jaxrl/service or "
+                        "~/.local/state/jaxrl/service)")
     args = p.parse_args(argv)
+    if args.state_dir is None:
+        base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+        args.state_dir = os.path.join(base, "jaxrl", "service")
     if not 0 <= args.port < 65536:
         p.error(f"--port must be in 0..65535, got {args.port}")
     for name in ("max_len", "num_slots", "max_batch_tokens"):
@@ -51,7 +59,7 @@ def main(argv) -> int:
 
     try:
         backend = Backend.load(args.base_model, max_len=args.max_len, num_slots=args.num_slots,
-                               max_batch_tokens=args.max_batch_tokens)
+                               max_batch_tokens=args.max_batch_tokens, state_dir=args.state_dir)
     except (ConfigError, OSError, ValueError) as e:
         print(f"error: --base-model {args.base_model}: {e}", file=sys.stderr)
         return 2

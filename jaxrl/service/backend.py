@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import itertools
 import os
+import uuid
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +36,7 @@ from jaxrl.models.model import abstract_model
 from jaxrl.models.transformer import Transformer
 from jaxrl.rounding import next_power_of_two
 from jaxrl.service.losses import LOSSES
+from jaxrl.service.store import BadPath, Store, parse_path
 from jaxrl.service.wire import ForwardBackwardRequest
 
 ATTN, MLP = ("q", "k", "v", "o"), ("gate", "up", "down")
@@ -139,8 +141,13 @@ class Backend:
     """The base model, the training clients and the saved weights of one server."""
 
     def __init__(self, cfg: ModelConfig, base: dict, name: str, *, max_len: int = 512,
-                 num_slots: int = 8, eos_ids=(), max_batch_tokens: int = 65536):
+                 num_slots: int = 8, eos_ids=(), max_batch_tokens: int = 65536,
+                 state_dir: str | os.PathLike | None = None):
+        """`state_dir`: where saved weights are written (they then survive a restart); None
+        keeps them in memory only."""
         self.cfg, self.base, self.name = cfg, base, name
+        self.store = None if state_dir is None else Store(state_dir)
+        self.epoch = uuid.uuid4().hex[:8]  # model ids stay unique across restarts
         max_len = min(max_len, cfg.max_position_embeddings)
         self.max_len, self.num_slots, self.eos_ids = max_len, num_slots, tuple(eos_ids)
         self.max_batch_tokens = max_batch_tokens
@@ -183,14 +190,15 @@ class Backend:
             return self.base_graphdef
         return nnx.split(abstract_model(dataclasses.replace(self.cfg, lora=lcfg)))[0]
 
-    def create(self, lcfg: LoraConfig, seed: int | None = None) -> str:
+    def _init_adapters(self, lcfg: LoraConfig, seed: int):
         mcfg = dataclasses.replace(self.cfg, lora=lcfg)
+        return lora.split(nnx.to_pure_dict(nnx.state(Transformer(mcfg, rngs=nnx.Rngs(seed)))))[1]
+
+    def create(self, lcfg: LoraConfig, seed: int | None = None) -> str:
         seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
-        init = lambda: lora.split(nnx.to_pure_dict(nnx.state(
-            Transformer(mcfg, rngs=nnx.Rngs(seed)))))[1]
-        adapters = jax.jit(init)()
+        adapters = jax.jit(functools.partial(self._init_adapters, lcfg, seed))()
         zeros = lora.zeros_like(adapters)
-        model_id = f"run-{next(self._ids)}"
+        model_id = f"run-{self.epoch}-{next(self._ids)}"
         self.models[model_id] = TrainingModel(model_id, lcfg, self._graph(lcfg), adapters,
                                               zeros, lora.zeros_like(adapters))
         return model_id
@@ -198,7 +206,8 @@ class Backend:
     def get(self, model_id: str) -> TrainingModel:
         if model_id not in self.models:
             raise NotFound(f"unknown model_id {model_id!r}; this server holds "
-                           f"{sorted(self.models) or 'no models'}")
+                           f"{sorted(self.models) or 'no models'} (training clients do not "
+                           "survive a server restart: create one and load_state a saved path)")
         return self.models[model_id]
 
     def check(self, req: ForwardBackwardRequest) -> None:
@@ -281,19 +290,58 @@ class Backend:
     # ---------------------------------------------------------------------- saved weights
 
     def save(self, model_id: str, kind: str, name: str | None, with_optimizer: bool) -> str:
+        """Snapshot the client's adapters (and Adam state `with_optimizer`) as
+        tinker://<model_id>/<kind>/<name>; written to disk (atomically) when there is a store."""
         m = self.get(model_id)
-        name = name or f"{kind}-{len(self.snapshots)}"
+        name = name or f"{kind}-{next(self._ids)}"
         path = f"tinker://{model_id}/{kind}/{name}"
+        try:
+            parse_path(path)
+        except BadPath as e:
+            raise UserError(f"save: {e}") from e
         copy = lambda t: jax.tree.map(jnp.copy, t)
-        self.snapshots[path] = Snapshot(m.lora, m.graphdef, copy(m.adapters),
-                                        copy(m.mu) if with_optimizer else None,
-                                        copy(m.nu) if with_optimizer else None, m.steps)
+        snap = Snapshot(m.lora, m.graphdef, copy(m.adapters),
+                        copy(m.mu) if with_optimizer else None,
+                        copy(m.nu) if with_optimizer else None, m.steps)
+        if self.store is not None:
+            trees = {"adapters": snap.adapters}
+            if with_optimizer:
+                trees.update(mu=snap.mu, nu=snap.nu)
+            lc = m.lora
+            meta = {"base_model": self.name, "steps": m.steps, "lora": {
+                "rank": lc.rank, "alpha": lc.alpha, "targets": list(lc.targets),
+                "rslora": lc.rslora}}
+            self.store.save_weights(path, meta, trees)
+        self.snapshots[path] = snap
         return path
 
     def snapshot(self, path: str) -> Snapshot:
-        if path not in self.snapshots:
+        """Saved weights by path: from memory, else from the store (an earlier run's save)."""
+        if path in self.snapshots:
+            return self.snapshots[path]
+        loaded = None
+        if self.store is not None:
+            try:
+                loaded = self.store.load_weights(path, self._saved_shapes)
+            except BadPath:
+                pass
+        if loaded is None:
             raise NotFound(f"unknown weights path {path!r}")
-        return self.snapshots[path]
+        meta, trees = loaded
+        if meta["base_model"] != self.name:
+            raise UserError(f"{path} was trained on base model {meta['base_model']!r}; this "
+                            f"server serves {self.name!r}")
+        lc = LoraConfig(**{**meta["lora"], "targets": tuple(meta["lora"]["targets"])})
+        put = lambda t: None if t is None else jax.tree.map(jnp.asarray, t)
+        snap = Snapshot(lc, self._graph(lc), put(trees["adapters"]), put(trees.get("mu")),
+                        put(trees.get("nu")), int(meta["steps"]))
+        self.snapshots[path] = snap
+        return snap
+
+    def _saved_shapes(self, meta: dict) -> dict:
+        lc = LoraConfig(**{**meta["lora"], "targets": tuple(meta["lora"]["targets"])})
+        shapes = jax.eval_shape(functools.partial(self._init_adapters, lc, 0))
+        return {"adapters": shapes, "mu": shapes, "nu": shapes}
 
     def load_state(self, model_id: str, path: str, with_optimizer: bool) -> None:
         m, s = self.get(model_id), self.snapshot(path)

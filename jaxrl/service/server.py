@@ -22,6 +22,7 @@ import concurrent.futures
 import itertools
 import logging
 import os
+import re
 import threading
 import traceback
 import uuid
@@ -30,6 +31,7 @@ from aiohttp import web
 
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.service.backend import Backend, NotFound, UserError, lora_config
+from jaxrl.service.store import check_name
 from jaxrl.service.wire import (
     WireError,
     encode_forward_backward_output,
@@ -41,6 +43,7 @@ log = logging.getLogger("jaxrl.service")
 POLL_S = 30.0  # how long retrieve_future waits before answering try_again
 KEEP_FUTURES = 4096  # finished results kept for clients that re-poll
 PROTO = "application/x-protobuf"
+_REQUEST_ID = re.compile(r"req-[0-9a-f]{8}-[0-9]+")
 
 
 class Service:
@@ -58,7 +61,7 @@ class Service:
     # ----------------------------------------------------------------------------- plumbing
 
     def submit(self, fn, *args, model_id: str | None = None, **extra) -> web.Response:
-        request_id = f"req-{next(self._ids)}"
+        request_id = f"req-{self.backend.epoch}-{next(self._ids)}"
         self.futures[request_id] = self.worker.submit(fn, *args)
         while len(self.futures) > KEEP_FUTURES:
             self.futures.popitem(last=False)
@@ -79,6 +82,12 @@ class Service:
     async def retrieve_future(self, request: web.Request) -> web.Response:
         body = await request.json()
         fut = self.futures.get(body["request_id"])
+        if fut is None and _REQUEST_ID.fullmatch(str(body["request_id"])):
+            # accepted by an earlier run of this server (or long forgotten): 410 makes the SDK
+            # raise RetryableException, which a sampling client answers by sending it again
+            return web.json_response(
+                {"error": f"request {body['request_id']} was lost (the server restarted or "
+                          "forgot it); send it again"}, status=410)
         if fut is None:
             raise NotFound(f"unknown request_id {body['request_id']!r}")
         try:
@@ -170,6 +179,8 @@ class Service:
     async def save_weights(self, request):
         body = await request.json()
         self.backend.get(body["model_id"])
+        if body.get("path") is not None:
+            check_name(body["path"], "save_state name")
 
         def run():
             path = self.backend.save(body["model_id"], "weights", body.get("path"), True)
@@ -194,6 +205,8 @@ class Service:
         body = await request.json()
         self.backend.get(body["model_id"])
         name = body.get("path")
+        if name is not None:
+            check_name(name, "save_weights_for_sampler name")
 
         def run():
             path = self.backend.save(body["model_id"], "sampler_weights", name, False)
@@ -208,8 +221,21 @@ class Service:
 
     def _new_sampler(self, path: str | None) -> str:
         sid = f"sampler-{uuid.uuid4().hex[:12]}"
+        if self.backend.store is not None:
+            self.backend.store.save_sampler(sid, path)
         self.samplers[sid] = path
         return sid
+
+    def _sampler(self, sid: str) -> str | None:
+        """The weights path of a sampling session (None: the base model); sessions made by an
+        earlier run of the server come from its store."""
+        if sid not in self.samplers and self.backend.store is not None:
+            known, path = self.backend.store.sampler(sid)
+            if known:
+                self.samplers[sid] = path
+        if sid not in self.samplers:
+            raise NotFound(f"unknown sampler {sid!r}")
+        return self.samplers[sid]
 
     async def create_sampling_session(self, request):
         body = await request.json()
@@ -223,17 +249,13 @@ class Service:
 
     async def get_sampler(self, request):
         sid = request.match_info["sid"]
-        if sid not in self.samplers:
-            raise NotFound(f"unknown sampler {sid!r}")
         return web.json_response({"sampler_id": sid, "base_model": self.backend.name,
-                                  "model_path": self.samplers[sid]})
+                                  "model_path": self._sampler(sid)})
 
     async def asample(self, request):
         body = await request.json()
         if body.get("sampling_session_id") is not None:
-            if body["sampling_session_id"] not in self.samplers:
-                raise NotFound(f"unknown sampling session {body['sampling_session_id']!r}")
-            path = self.samplers[body["sampling_session_id"]]
+            path = self._sampler(body["sampling_session_id"])
         elif body.get("model_path") is not None:
             path = body["model_path"]
         else:
@@ -336,7 +358,8 @@ class Running:
         started = threading.Event()
 
         async def start():
-            self._runner = web.AppRunner(service.app(), access_log=None)
+            # a short grace: stop() cuts held-open polls as a crash would (the SDK reconnects)
+            self._runner = web.AppRunner(service.app(), access_log=None, shutdown_timeout=0.5)
             await self._runner.setup()
             await web.TCPSite(self._runner, host, port).start()
             self.url = f"http://{host}:{_check_ready(self._runner)}"

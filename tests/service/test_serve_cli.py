@@ -20,9 +20,10 @@ def test_argument_errors_come_before_jax():
     assert "set --api-key" in out.stderr
 
 
-def test_serves_and_prints_its_url():
+def test_serves_and_prints_its_url(tmp_path):
     proc = subprocess.Popen([sys.executable, str(SERVE), "--base-model", "tiny", "--port", "0",
-                             "--max-len", "64"], stdout=subprocess.PIPE, text=True)
+                             "--max-len", "64", "--state-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith("jaxrl service: http://127.0.0.1:"), line

@@ -1,0 +1,136 @@
+"""Saved weights and sampling sessions on disk, so they outlive the server process.
+
+Layout under the server's state directory (`--state-dir`):
+
+    weights/<model_id>/<kind>/<name>.npz   one saved state or sampler weights (kind: "weights" |
+                                           "sampler_weights"), addressed as
+                                           tinker://<model_id>/<kind>/<name>
+    samplers/<session_id>.json             the weights path a sampling session samples from
+
+Every file is written whole or not at all: to a temporary name in the same directory, flushed and
+fsynced, renamed over the final name (`os.replace` is atomic on POSIX), and the directory fsynced so
+the rename itself survives a crash. A reader therefore sees the old file, the new file, or no file,
+never a torn one. An `.npz` holds the arrays by their pytree path (`adapters/...`, `mu/...`,
+`nu/...`) and a JSON `meta` entry (base model, LoRA config, optimiser step).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+KINDS = ("weights", "sampler_weights")
+
+
+class BadPath(ValueError):
+    """A tinker:// path or name this server never writes (also: no escaping the state dir)."""
+
+
+def check_name(name: str, what: str = "name") -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise BadPath(f"{what} {name!r} must be 1-128 characters of letters, digits, '.', '_' "
+                      "or '-', starting with a letter or digit")
+    return name
+
+
+def parse_path(path: str) -> tuple[str, str, str]:
+    """`tinker://<model_id>/<kind>/<name>` -> (model_id, kind, name)."""
+    parts = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") else []
+    if len(parts) != 3 or parts[1] not in KINDS:
+        raise BadPath(f"weights path {path!r} is not tinker://<model_id>/<kind>/<name> with kind "
+                      f"in {KINDS}")
+    return check_name(parts[0], "model_id"), parts[1], check_name(parts[2])
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a crash leaves the old file or the new one, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _flat(prefix: str, tree) -> dict[str, np.ndarray]:
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {prefix + jax.tree_util.keystr(p): np.asarray(v) for p, v in leaves}
+
+
+def _unflat(prefix: str, arrays: dict, like):
+    """Rebuild `like`'s structure from `arrays` (keys must match exactly)."""
+    paths, treedef = jax.tree_util.tree_flatten_with_path(like)
+    keys = [prefix + jax.tree_util.keystr(p) for p, _ in paths]
+    have = {k for k in arrays if k.startswith(prefix)}
+    if have != set(keys):
+        raise ValueError(f"saved {prefix.rstrip('/')} do not match this server's model: "
+                         f"{len(have)} arrays saved, {len(keys)} expected")
+    return jax.tree_util.tree_unflatten(treedef, [arrays[k] for k in keys])
+
+
+class Store:
+    """Saved weights and sampler sessions under `root`."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _file(self, path: str) -> Path:
+        model_id, kind, name = parse_path(path)
+        return self.root / "weights" / model_id / kind / f"{name}.npz"
+
+    def save_weights(self, path: str, meta: dict, trees: dict) -> None:
+        """`trees`: {"adapters": ..., optionally "mu", "nu"} pytrees of arrays."""
+        arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
+        for prefix, tree in trees.items():
+            arrays.update(_flat(prefix + "/", tree))
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        atomic_write(self._file(path), buf.getvalue())
+
+    def load_weights(self, path: str, like: dict) -> tuple[dict, dict] | None:
+        """(meta, trees shaped as `like(meta)`), or None if nothing is saved at `path`.
+        `like(meta)` gives the expected pytree per prefix present in the file."""
+        file = self._file(path)
+        if not file.exists():
+            return None
+        with np.load(file) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta = json.loads(arrays.pop("meta").tobytes())
+        prefixes = {k.split("/", 1)[0] for k in arrays}
+        shapes = like(meta)
+        return meta, {p: _unflat(p + "/", arrays, shapes[p]) for p in sorted(prefixes)}
+
+    def save_sampler(self, session_id: str, path: str | None) -> None:
+        check_name(session_id, "sampling session id")
+        atomic_write(self.root / "samplers" / f"{session_id}.json",
+                     json.dumps({"model_path": path}).encode())
+
+    def sampler(self, session_id: str) -> tuple[bool, str | None]:
+        """(known, weights path or None for the base model)."""
+        try:
+            check_name(session_id, "sampling session id")
+        except BadPath:
+            return False, None
+        file = self.root / "samplers" / f"{session_id}.json"
+        if not file.exists():
+            return False, None
+        return True, json.loads(file.read_text())["model_path"]
