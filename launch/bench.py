@@ -16,6 +16,7 @@ BENCHMARKS = {
     "kernels": "jaxrl.benchmarks.kernels",
     "math": "jaxrl.benchmarks.math",
     "agentic": "jaxrl.benchmarks.agentic",
+    "service": "jaxrl.benchmarks.service",
 }
 
 

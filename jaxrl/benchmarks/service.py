@@ -1,0 +1,143 @@
+"""The Tinker-compatible service: `python launch/bench.py service [options]`.
+
+Requests/s and tokens/s of `forward_backward` and `sample` three ways, in one process, rounds
+interleaved (one warm-up round first, untimed):
+
+    inproc      the backend methods the server's worker runs, called directly (no HTTP, no SDK):
+                the peer, what the service costs on top of the compute
+    http-seq    the official SDK over HTTP, 4 single-adapter runs one after another (each
+                request waits for the one before)
+    http-conc   the same 4 adapters' requests all in flight at once
+
+Each round, each of `--adapters` LoRA clients sends `--requests` `forward_backward` calls of
+`--batch` sequences x `--seq` tokens (cross-entropy), then `--requests` `sample` calls of
+`--samples` x `--max-tokens` tokens (EOS ignored) from its own saved weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+print = functools.partial(print, flush=True)
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="bench.py service", description=__doc__.split("\n")[0])
+    p.add_argument("--base-model", default="tiny-task")
+    p.add_argument("--adapters", type=int, default=4)
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--requests", type=int, default=4, help="of each kind, per adapter and round")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per way")
+    p.add_argument("--json", action="store_true", help="print one JSON line of results")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    import tinker
+    from tinker import types
+
+    from jaxrl.generate.sampling import SamplingParams
+    from jaxrl.service.backend import Backend
+    from jaxrl.service.server import Running, Service
+    from jaxrl.service.wire import Datum, ForwardBackwardRequest
+
+    backend = Backend.load(args.base_model, max_len=args.seq + args.max_tokens + 8,
+                           num_slots=args.samples)
+    running = Running(Service(backend))
+    rng = np.random.default_rng(0)
+    seqs = rng.integers(3, 100, (args.batch, args.seq + 1))
+    prompt = [int(t) for t in seqs[0, :8]]
+    sdk_data = [types.Datum(model_input=types.ModelInput.from_ints(s[:-1].tolist()),
+                            loss_fn_inputs={"target_tokens": s[1:]}) for s in seqs]
+    sdk_params = types.SamplingParams(max_tokens=args.max_tokens, seed=0, stop=[])
+    fb_tokens = args.adapters * args.requests * args.batch * args.seq
+    sample_tokens = args.adapters * args.requests * args.samples * args.max_tokens
+    print(f"service: {args.base_model} ({backend.cfg.num_params() / 1e6:.2f}M params), "
+          f"{args.adapters} adapters rank {args.rank}, {args.requests} requests each: "
+          f"forward_backward {args.batch}x{args.seq}, sample {args.samples}x{args.max_tokens}; "
+          f"load {os.getloadavg()[0]:.1f}")
+    try:
+        client = tinker.ServiceClient(base_url=running.url, api_key="tml-local")
+        tcs = [client.create_lora_training_client(base_model=args.base_model, rank=args.rank,
+                                                  seed=i).result() for i in range(args.adapters)]
+        scs = [tc.save_weights_and_get_sampling_client().result() for tc in tcs]
+        snaps = [backend.snapshot(running.service.samplers[sc._sampling_session_id])
+                 for sc in scs]
+        reqs = [ForwardBackwardRequest(
+            tc.model_id, 0, "cross_entropy", {}, False,
+            [Datum(s[:-1].astype(np.int32), {"target_tokens": s[1:].astype(np.int32)})
+             for s in seqs]) for tc in tcs]
+        params = SamplingParams(max_tokens=args.max_tokens, seed=0, n=args.samples,
+                                ignore_eos=True)
+
+        def inproc_fb():
+            for req in reqs:
+                for _ in range(args.requests):
+                    backend.forward_backward(req)
+
+        def inproc_sample():
+            for snap in snaps:
+                for _ in range(args.requests):
+                    backend.sample(snap, prompt, params)
+
+        def http_fb(concurrent):
+            futs = []
+            for tc in tcs:
+                for _ in range(args.requests):
+                    futs.append(tc.forward_backward(sdk_data, "cross_entropy"))
+                    if not concurrent:
+                        futs.pop().result()
+            [f.result() for f in futs]
+
+        def http_sample(concurrent):
+            futs = []
+            for sc in scs:
+                for _ in range(args.requests):
+                    futs.append(sc.sample(types.ModelInput.from_ints(prompt), args.samples,
+                                          sdk_params))
+                    if not concurrent:
+                        futs.pop().result()
+            [f.result() for f in futs]
+
+        ways = {"inproc": (inproc_fb, inproc_sample),
+                "http-seq": (lambda: http_fb(False), lambda: http_sample(False)),
+                "http-conc": (lambda: http_fb(True), lambda: http_sample(True))}
+        times = {(w, k): [] for w in ways for k in ("fb", "sample")}
+        for rnd in range(args.repeats + 1):
+            for way, (fb, sample) in ways.items():
+                for kind, fn in (("fb", fb), ("sample", sample)):
+                    t0 = time.perf_counter()
+                    fn()
+                    if rnd:
+                        times[way, kind].append(time.perf_counter() - t0)
+        results = {}
+        n_req = args.adapters * args.requests
+        for (way, kind), ts in times.items():
+            med = statistics.median(ts)
+            tokens = fb_tokens if kind == "fb" else sample_tokens
+            results[f"{way}/{kind}"] = {"req_s": n_req / med, "tok_s": tokens / med,
+                                        "median_s": med}
+        for kind in ("fb", "sample"):
+            base = results[f"inproc/{kind}"]["median_s"]
+            for way in ways:
+                r = results[f"{way}/{kind}"]
+                print(f"{kind:6s} {way:9s} {r['req_s']:7.2f} req/s {r['tok_s']:9.0f} tok/s  "
+                      f"x{base / r['median_s']:.2f} of inproc")
+        print(f"load after {os.getloadavg()[0]:.1f}")
+        if args.json:
+            print(json.dumps(results))
+    finally:
+        running.stop()
+    return 0
