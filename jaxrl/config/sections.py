@@ -23,6 +23,8 @@ from jaxrl.dtypes import canonical_dtype
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
 Architecture = Literal["llama", "qwen2", "qwen3", "qwen3_moe"]
 KVLayout = Literal["contiguous", "paged"]
+# the generator's copy of the weights: as synced, or weight-only int8 (jaxrl.models.quant)
+Quantize = Literal["none", "int8"]
 LoraTarget = Literal["q", "k", "v", "o", "gate", "up", "down"]
 LoraGenerator = Literal["merge", "forward"]
 LORA_TARGETS: tuple[str, ...] = typing.get_args(LoraTarget)
@@ -281,12 +283,17 @@ class GenerateConfig:
     # a page table (paged decode attention; see docs/generate.md)
     kv_layout: KVLayout = "contiguous"
     page_size: int = 16  # positions per page (kv_layout="paged"; the GPU kernel needs 2^k >= 16)
+    # "int8": each publish quantizes the decoder layers' projections for the generator (per
+    # output channel, weight-only; the trainer keeps its precision; behaviour logprobs come from
+    # the int8 policy, so pair it with an off-policy correction such as train.correction)
+    quantize: Quantize = "none"
 
     def __post_init__(self):
         if self.dtype is not None:
             object.__setattr__(self, "dtype",
                                canonical_dtype(self.dtype, "generate.dtype", ConfigError))
         check_choice("generate", "kv_layout", self.kv_layout, typing.get_args(KVLayout))
+        check_choice("generate", "quantize", self.quantize, typing.get_args(Quantize))
         validate_literals(self) if self.dtype is not None else None
         check_positive("generate", num_slots=self.num_slots, chunk_steps=self.chunk_steps,
                         page_size=self.page_size)

@@ -218,15 +218,20 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
     gen_dtype = cfg.generate.dtype or model_cfg.param_dtype
     gen_cfg = dataclasses.replace(model_cfg, param_dtype=gen_dtype, dtype=gen_dtype)
     gather = local_replica if multi else None
+    int8 = cfg.generate.quantize == "int8"
     if model_cfg.lora.enabled:
-        publisher, graphdef = lora_publisher(gen_cfg, mesh, base, gather)
+        publisher, graphdef = lora_publisher(gen_cfg, mesh, base, gather, int8=int8)
         gen_params = publisher.publish(trainer_params, version)[0]
     else:
         graphdef, abstract = nnx.split(abstract_model(gen_cfg))
         targets = pure_state_shardings(abstract, mesh, "generator")
         sync = WeightSync(targets, dtype=gen_dtype, gather=gather)
-        gen_params, _ = sync(trainer_params)
-        publisher = GeneratorPublisher(sync, graphdef)
+        quantize = None
+        if int8:  # moved in generate.dtype, then quantized on the generator mesh
+            quantize = int8_quantizer(gen_cfg, mesh, graphdef)
+            graphdef = nnx.graphdef(abstract_model(gen_cfg, int8=True))
+        publisher = GeneratorPublisher(sync, graphdef, quantize)
+        gen_params = publisher.publish(trainer_params, version)[0]
     engine = JaxEngine(nnx.merge(graphdef, gen_params),
                        num_slots=round_up(cfg.generate.num_slots, mesh.shape["dp"]),
                        max_len=cfg.generate.max_len or next_power_of_two(seq_len,
@@ -237,10 +242,26 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
     return publisher, engine, Scheduler(engine)
 
 
-def lora_publisher(gen_cfg, mesh, base, gather):
+def int8_quantizer(gen_cfg, mesh, plain_graphdef):
+    """The jitted `params -> int8 params` of `generate.quantize="int8"`, on the generator mesh:
+    `plain_graphdef`'s model (no adapters) quantized, laid out as the quantized model's
+    shardings (`jaxrl.models.quant`)."""
+    from flax import nnx
+
+    from jaxrl.models.model import abstract_model
+    from jaxrl.models.quant import quantized_state_fn
+    from jaxrl.sharding import pure_state_shardings
+
+    plain_cfg = dataclasses.replace(gen_cfg, lora=type(gen_cfg.lora)())
+    abstract = nnx.state(abstract_model(plain_cfg, int8=True))
+    return quantized_state_fn(plain_graphdef, pure_state_shardings(abstract, mesh, "generator"))
+
+
+def lora_publisher(gen_cfg, mesh, base, gather, *, int8: bool = False):
     """(LoraPublisher, the generator model's graphdef) for a LoRA run: the base moved once in
     the generator's dtype; adapters every publish, then merged into a plain model on the
-    generator mesh (`model.lora.generator="merge"`) or applied in its forward pass."""
+    generator mesh (`model.lora.generator="merge"`) or applied in its forward pass. `int8`:
+    the merged weights (or, in the forward pass, the base once) quantized."""
     from flax import nnx
 
     from jaxrl.controller.weight_sync import LoraPublisher, WeightSync
@@ -253,13 +274,16 @@ def lora_publisher(gen_cfg, mesh, base, gather):
     _, abstract = nnx.split(abstract_model(gen_cfg))
     base_targets, adapter_targets = lora.split(pure_state_shardings(abstract, mesh, "generator"))
     plain_cfg = dataclasses.replace(gen_cfg, lora=type(lora_cfg)())
-    graphdef = nnx.graphdef(abstract_model(plain_cfg if merge else gen_cfg))
+    graphdef = nnx.graphdef(abstract_model(plain_cfg if merge else gen_cfg, int8=int8))
+    quantize = None
+    if int8:
+        quantize = int8_quantizer(gen_cfg, mesh, nnx.graphdef(abstract_model(plain_cfg)))
     # adapters stay f32 to be merged (the sum is rounded once); cast when applied per token
     adapter_sync = WeightSync(adapter_targets, dtype=None if merge else gen_cfg.dtype,
                               gather=gather)
     base_sync = WeightSync(base_targets, dtype=gen_cfg.param_dtype, gather=gather)
     publisher = LoraPublisher(base_sync, adapter_sync, graphdef, base, lora_cfg, merge=merge,
-                              merged_shardings=base_targets)
+                              merged_shardings=base_targets, quantize=quantize)
     return publisher, graphdef
 
 

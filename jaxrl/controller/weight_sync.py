@@ -130,21 +130,35 @@ class WeightSync:
         return jax.tree.unflatten(shard_def, rebuilt), stats
 
 
+def _quantized(quantize, params: Any) -> tuple[Any, dict]:
+    """`quantize(params)` timed (`pipeline/quantize_s`); no-op without a quantizer."""
+    if quantize is None:
+        return params, {}
+    start = time.perf_counter()
+    params = jax.block_until_ready(quantize(params))
+    return params, {"pipeline/quantize_s": time.perf_counter() - start}
+
+
 class GeneratorPublisher:
     """The pipeline's `publish`: reshard trainer params with a `WeightSync`, rebuild the generator
-    model's state from them (`graphdef`), and report the sync's time, bytes and bandwidth."""
+    model's state from them (`graphdef`), and report the sync's time, bytes and bandwidth.
 
-    def __init__(self, sync: WeightSync, graphdef):
-        self.sync, self.graphdef = sync, graphdef
+    `quantize` (`generate.quantize="int8"`): a jitted `params -> params` run on the generator
+    mesh after the move (`jaxrl.models.quant.quantized_state_fn`); `graphdef` is then the
+    quantized model's. The trainer's copy keeps its precision."""
+
+    def __init__(self, sync: WeightSync, graphdef, quantize=None):
+        self.sync, self.graphdef, self.quantize = sync, graphdef, quantize
 
     def publish(self, params: Any, version: int) -> tuple[Any, dict]:
         from flax import nnx
 
         gen_params, stats = self.sync(params)
+        gen_params, extra = _quantized(self.quantize, gen_params)
         gen_state = nnx.state(nnx.merge(self.graphdef, gen_params))
         return gen_state, {"pipeline/weight_sync_s": stats.seconds,
                            "pipeline/weight_sync_gbps": stats.gbps,
-                           "pipeline/weight_sync_bytes": float(stats.bytes)}
+                           "pipeline/weight_sync_bytes": float(stats.bytes), **extra}
 
 
 class LoraPublisher:
@@ -155,15 +169,22 @@ class LoraPublisher:
     plain model (the base copy is kept: the next publish merges into it again), so decode runs
     exactly the full-parameter model's graph. `merge=False`: the generator's model carries the
     adapters and adds `s (x A) B` in its forward pass; no second copy of the targeted weights.
+
+    `quantize` (`generate.quantize="int8"`, a jitted plain `params -> params`): with `merge`,
+    each publish quantizes the merged weights; without, the base is quantized once and the
+    adapters stay in the generator's dtype.
     """
 
     def __init__(self, base_sync: WeightSync, adapter_sync: WeightSync, graphdef, base: Any,
-                 lora_cfg, *, merge: bool, merged_shardings: Any = None):
+                 lora_cfg, *, merge: bool, merged_shardings: Any = None, quantize=None):
         from jaxrl.models import lora
 
         self.adapter_sync, self.graphdef, self.merge = adapter_sync, graphdef, merge
         self.base, stats = base_sync(base)  # once, for the whole run
         self.base_stats = stats
+        self.quantize = quantize if merge else None
+        if quantize is not None and not merge:
+            self.base = quantize(self.base)
         self._join = lora.join
         if merge:
             self._merge = jax.jit(lambda b, a: lora.merge(lora.join(b, a), lora_cfg),
@@ -179,8 +200,9 @@ class LoraPublisher:
         else:
             params = self._join(self.base, gen_adapters)
         merge_s = time.perf_counter() - start
+        params, extra = _quantized(self.quantize, params)
         gen_state = nnx.state(nnx.merge(self.graphdef, params))
         return gen_state, {"pipeline/weight_sync_s": stats.seconds + merge_s,
                            "pipeline/weight_sync_gbps": stats.gbps,
                            "pipeline/weight_sync_bytes": float(stats.bytes),
-                           "pipeline/lora_merge_s": merge_s}
+                           "pipeline/lora_merge_s": merge_s, **extra}

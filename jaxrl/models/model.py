@@ -11,8 +11,11 @@ from jaxrl.models.transformer import Transformer
 from jaxrl.sharding import Role, state_shardings
 
 
-def abstract_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
-    """The model with `ShapeDtypeStruct` leaves (no memory allocated)."""
+def abstract_model(cfg: ModelConfig, seed: int = 0, *, int8: bool = False) -> Transformer:
+    """The model with `ShapeDtypeStruct` leaves (no memory allocated); `int8`: the generator's
+    quantized copy (`Transformer.quantize_int8`)."""
+    if int8:
+        return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)).quantize_int8())
     return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)))
 
 

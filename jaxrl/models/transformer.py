@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl.config import ModelConfig
-from jaxrl.models import lora
+from jaxrl.models import lora, quant
 from jaxrl.models.attention import attention, cached_attention
 from jaxrl.models.moe import MoE
 from jaxrl.models.swiglu import swiglu
@@ -134,12 +134,36 @@ def _write_rows(cache_BSKD, new_BTKD, start_B):
     return jax.vmap(write)(cache_BSKD, new_BTKD.astype(cache_BSKD.dtype), start_B)
 
 
+def _project(module, name: str, spec: str, x, dt):
+    """`einsum(spec, x, module.<name>)` with the weight in `dt`; an int8 module's weight is read
+    as int8 and its per-output-channel scale (`<name>_scale`) applied to the result."""
+    w = getattr(module, name)[...]
+    if module.int8:
+        return quant.int8_einsum(spec, x.astype(dt), w, getattr(module, f"{name}_scale")[...])
+    return jnp.einsum(spec, x, w.astype(dt))
+
+
+def _quantize_projections(module, contracted: dict[str, int]) -> None:
+    """Replace each named projection (its first n axes contracted) by its int8 values and
+    add `<name>_scale`, whose logical axes are the projection's output axes."""
+    if module.int8:
+        raise ValueError(f"{type(module).__name__} is already quantized")
+    for name, n in contracted.items():
+        param = getattr(module, name)
+        axes = param.get_metadata()["logical_axes"]
+        q, scale = quant.quantize_int8(param[...], n)
+        setattr(module, name, nnx.Param(q, logical_axes=axes))
+        setattr(module, f"{name}_scale", nnx.Param(scale, logical_axes=axes[n:]))
+    module.int8 = True
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_size
         pd = DTYPES[cfg.param_dtype]
         std = 0.02
         self.cfg = cfg
+        self.int8 = False  # quantize_int8() swaps the projections for int8 + scales
         self.q_proj = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd, std)
         self.k_proj = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd, std)
         self.v_proj = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd, std)
@@ -163,11 +187,15 @@ class Attention(nnx.Module):
         lora.add_adapters(self, cfg.lora, "o", (h, d), ("heads", "head_dim"), (e,), ("embed",),
                           rngs)
 
+    def quantize_int8(self) -> None:
+        """Hold q/k/v/o in int8 with per-output-channel scales (`jaxrl.models.quant`)."""
+        _quantize_projections(self, {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2})
+
     def _qkv(self, x_BTE, rope):
         dt, ad = x_BTE.dtype, self.cfg.lora
-        q = jnp.einsum("bte,ehd->bthd", x_BTE, self.q_proj[...].astype(dt))
-        k = jnp.einsum("bte,ekd->btkd", x_BTE, self.k_proj[...].astype(dt))
-        v = jnp.einsum("bte,ekd->btkd", x_BTE, self.v_proj[...].astype(dt))
+        q = _project(self, "q_proj", "bte,ehd->bthd", x_BTE, dt)
+        k = _project(self, "k_proj", "bte,ekd->btkd", x_BTE, dt)
+        v = _project(self, "v_proj", "bte,ekd->btkd", x_BTE, dt)
         if ad.enabled:
             q = q + lora.delta(self, ad, "q", x_BTE, 1)
             k = k + lora.delta(self, ad, "k", x_BTE, 1)
@@ -186,7 +214,7 @@ class Attention(nnx.Module):
         return self._out(out_BTHD, x_BTE.dtype)
 
     def _out(self, out_BTHD, dt):
-        out_BTE = jnp.einsum("bthd,hde->bte", out_BTHD, self.o_proj[...].astype(dt))
+        out_BTE = _project(self, "o_proj", "bthd,hde->bte", out_BTHD, dt)
         if self.cfg.lora.enabled:
             out_BTE = out_BTE + lora.delta(self, self.cfg.lora, "o", out_BTHD.astype(dt), 2)
         if self.cfg.o_bias:
@@ -209,6 +237,7 @@ class MLP(nnx.Module):
         self.down_proj = _param(rngs, (f, e), ("mlp", "embed"), pd, 0.02)
         self.lora = cfg.lora
         self.sizes = (e, f)
+        self.int8 = False  # quantize_int8() swaps the projections for int8 + scales
 
     def add_lora(self, rngs: nnx.Rngs) -> None:
         e, f = self.sizes
@@ -216,17 +245,28 @@ class MLP(nnx.Module):
             lora.add_adapters(self, self.lora, name, (e,), ("embed",), (f,), ("mlp",), rngs)
         lora.add_adapters(self, self.lora, "down", (f,), ("mlp",), (e,), ("embed",), rngs)
 
+    def quantize_int8(self) -> None:
+        """Hold gate/up/down in int8 with per-output-channel scales (`jaxrl.models.quant`)."""
+        _quantize_projections(self, {"gate_proj": 1, "up_proj": 1, "down_proj": 1})
+
     def __call__(self, x_BTE):
         dt = x_BTE.dtype
-        w = (self.gate_proj[...], self.up_proj[...], self.down_proj[...])
-        w = tuple(p.astype(dt) for p in w)
-        if not any(t in ("gate", "up", "down") for t in self.lora.targets) or not self.lora.rank:
-            return swiglu(x_BTE, *w)
-        # with adapters: the plain expression (autodiff; the base weights get no gradient)
-        gate_BTF = x_BTE @ w[0] + lora.delta(self, self.lora, "gate", x_BTE, 1)
-        up_BTF = x_BTE @ w[1] + lora.delta(self, self.lora, "up", x_BTE, 1)
+        adapted = any(t in ("gate", "up", "down") for t in self.lora.targets) and self.lora.rank
+        if not adapted and not self.int8:
+            w = (self.gate_proj[...], self.up_proj[...], self.down_proj[...])
+            return swiglu(x_BTE, *(p.astype(dt) for p in w))
+        # with adapters or int8 weights: the plain expression (autodiff for adapters; the base
+        # weights get no gradient)
+        gate_BTF = _project(self, "gate_proj", "bte,ef->btf", x_BTE, dt)
+        up_BTF = _project(self, "up_proj", "bte,ef->btf", x_BTE, dt)
+        if adapted:
+            gate_BTF = gate_BTF + lora.delta(self, self.lora, "gate", x_BTE, 1)
+            up_BTF = up_BTF + lora.delta(self, self.lora, "up", x_BTE, 1)
         h_BTF = jax.nn.silu(gate_BTF) * up_BTF
-        return h_BTF @ w[2] + lora.delta(self, self.lora, "down", h_BTF, 1)
+        out_BTE = _project(self, "down_proj", "btf,fe->bte", h_BTF, dt)
+        if adapted:
+            out_BTE = out_BTE + lora.delta(self, self.lora, "down", h_BTF, 1)
+        return out_BTE
 
 
 class DecoderLayer(nnx.Module):
@@ -295,6 +335,17 @@ class Transformer(nnx.Module):
             for layer in self.layers:
                 layer.attn.add_lora(adapter_rngs)
                 layer.mlp.add_lora(adapter_rngs)
+
+    def quantize_int8(self) -> Transformer:
+        """The generator's int8 copy (`generate.quantize="int8"`, `jaxrl.models.quant`): every
+        decoder layer's attention and dense MLP projections become int8 with f32 scales per
+        output channel, in place. The embedding, lm head, norms, biases and expert weights keep
+        their dtype. Inference only: the int8 weights have no gradient."""
+        for layer in self.layers:
+            layer.attn.quantize_int8()
+            if not layer.sparse:
+                layer.mlp.quantize_int8()
+        return self
 
     def _embed(self, tokens_BT):
         return self.embed[...][tokens_BT].astype(DTYPES[self.cfg.dtype])
