@@ -153,15 +153,21 @@ def check_batch(batch: Batch) -> None:
 
 def padded_shape(b: int, t: int, *, row_multiple: int, min_len: int, max_len: int | None = None):
     """The fixed shape a [b, t] batch is padded to, so the step compiles for few shapes only:
-    rows up to a multiple of `row_multiple`; length up to the next of the buckets
-    `min_len * 2^k` and `min_len * 3 * 2^(k-1)` (16, 24, 32, 48, 64, 96, ... for 16), so padding
-    costs at most a third of a batch's compute rather than half; capped at `max_len`."""
+    rows up to a multiple of `row_multiple`; length up to the next bucket, capped at `max_len`.
+    Up to `4 * min_len` the buckets are `min_len * 2^k` and `min_len * 3 * 2^(k-1)` (16, 24, 32,
+    48, 64 for 16); above it, eight per octave (72, 80, ..., 128, then 144, 160, ..., 256, ...):
+    padding costs at most an eighth of a long batch's compute, for at most eight compiled
+    lengths per doubling. (A 104-token GRPO batch padded to 128 took 1.33x as long per step as
+    at 104: docs/benchmarks.md.)"""
     rows = round_up(b, row_multiple)
     length = min_len
-    while length < t:
+    while length < min(t, 4 * min_len):
         # the 3/2 step between two powers of two, when it is whole and large enough
         between = length * 3 // 2
         length = between if between >= t and length % 2 == 0 else length * 2
+    if t > length:
+        octave = 1 << ((t - 1).bit_length() - 1)  # the power of two just below t
+        length = round_up(t, max(octave // 8, 1))
     if max_len is not None:
         if t > max_len:
             raise BatchError(f"batch length {t} exceeds the trainer's max length {max_len}")

@@ -185,8 +185,12 @@ def test_padded_lengths_follow_the_buckets_and_padding_changes_nothing(model_cfg
     lengths = [padded_shape(3, t, row_multiple=4, min_len=16)
                for t in (1, 16, 17, 24, 25, 33, 44, 49, 65, 97, 129, 200)]
     assert [r for r, _ in lengths] == [4] * 12
-    assert [n for _, n in lengths] == [16, 16, 24, 24, 32, 48, 48, 64, 96, 128, 192, 256]
-    assert padded_shape(8, 100, row_multiple=1, min_len=16, max_len=112) == (8, 112)
+    # 1.5x steps up to 4 x min_len, then eight buckets per octave (multiples of 8 up to 128,
+    # of 16 up to 256)
+    assert [n for _, n in lengths] == [16, 16, 24, 24, 32, 48, 48, 64, 72, 104, 144, 208]
+    assert [padded_shape(1, t, row_multiple=1, min_len=16)[1] for t in (104, 128, 129)] == [
+        104, 128, 144]
+    assert padded_shape(8, 100, row_multiple=1, min_len=16, max_len=102) == (8, 102)
     with pytest.raises(BatchError, match="exceeds"):
         padded_shape(8, 120, row_multiple=1, min_len=16, max_len=112)
     # a [8, 20] batch: the trainer pads it to 24; padded to 64 instead, its logprobs agree
