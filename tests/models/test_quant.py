@@ -113,3 +113,20 @@ def test_publish_quantizes_the_generator_copy_on_its_mesh(lora_generator):
         assert np.all(err <= np.asarray(scale) / 2 * (1 + 1e-6) + 1e-7)
     assert got["layers"][0]["attn"]["q_proj"].sharding.spec[1] == "tp"
     assert params["layers"][0]["attn"]["q_proj"].dtype == jnp.float32
+
+
+def test_memory_plan_counts_the_int8_copy_by_hand():
+    from jaxrl.config import GenerateConfig, ModelConfig, RunConfig
+    from jaxrl.train.memory_plan import plan_memory
+
+    # E 64, F 128, 2 layers, 4 heads x D 16, 2 kv heads, V 128, tied: 82240 params
+    model = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
+                        num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=False)
+    cfg = RunConfig(model=model, generate=GenerateConfig(num_slots=8, max_len=64,
+                                                         quantize="int8"))
+    plan = plan_memory(cfg, model, trainer_mesh_shape=(1, 1), generator_mesh_shape=(1, 1),
+                       max_seq_len=48, platform="cpu", budget_bytes=2**30)
+    # per layer: projections q 4096 + k 2048 + v 2048 + o 4096 + mlp 3 * 8192 in int8, scales
+    # 64 + 32 + 32 + 64 + 128 + 128 + 64 in f32; embedding + norms 8192 + 5 * 64 in f32
+    int8 = 2 * 36864 + 2 * 512 * 4 + (8192 + 320) * 4
+    assert plan.item("weights").bytes == 4 * 82240 + int8  # + the synced f32 copy
