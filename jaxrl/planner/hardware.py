@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 GB = 1e9
+GiB = 2**30
 TB = 1e12
 
 
@@ -73,6 +74,41 @@ HARDWARE: Mapping[str, HardwareSpec] = {
         HardwareSpec("tpu-v6e", 918e12, 32 * GB, 1640 * GB, 3584e9 / 8, 3584e9 / 8, 256,
                      "Google Cloud TPU v6e (Trillium) documentation (918 TFLOP/s BF16, 32 GB "
                      "HBM, 1,640 GB/s, ICI 3,584 Gbps per chip, 256-chip pods)"),
+        # Alternate hardware (issue 27). Sources were read 2026-12-01; "vendor claim" marks a
+        # figure only the vendor publishes (no independent measurement), "secondary" one read
+        # from a third-party page quoting the vendor's datasheet. Figures not found are named.
+        HardwareSpec("tpu7x", 2307e12, 192 * GiB, 7380 * GB, 1200 * GB / 2, 1200 * GB / 2, 256,
+                     "Google Cloud TPU7x (Ironwood) documentation, "
+                     "https://docs.cloud.google.com/tpu/docs/tpu7x (read 2026-12-01): 2,307 "
+                     "TFLOP/s BF16, 192 GiB HBM, 7,380 GB/s, ICI 1,200 GB/s bidirectional per "
+                     "chip, 9,216-chip pods; vendor claim. chips_per_node 256 as for v5p"),
+        HardwareSpec("mi300x", 1307.4e12, 192 * GB, 5.3 * TB, 448 * GB, _NIC_400G, 8,
+                     "AMD Instinct MI300X datasheet figures, secondary: "
+                     "https://raw.githubusercontent.com/alpharomercoma/MI300X-vs-H200/"
+                     "6077fdc7bfc215171c33435b7cd76ca4c5f2b236/METHODOLOGY.md (1,307.4 TFLOP/s "
+                     "BF16 dense, 192 GB HBM3, 5.3 TB/s) and https://gpu.blog/gpus/"
+                     "instinct-mi300x-mi300x (2025-01-01: Infinity Fabric 896 GB/s, 8 GPUs per "
+                     "node); read 2026-12-01; vendor claims. Scale-out: a 400 Gb/s NIC per GPU "
+                     "assumed (no published figure found)"),
+        HardwareSpec("mi325x", 1307.4e12, 256 * GB, 6 * TB, 448 * GB, _NIC_400G, 8,
+                     "AMD Instinct MI325X figures, secondary: https://awesomeagents.ai/hardware/"
+                     "amd-mi325x and https://wiaix.com/amd-instincttm-mi325x-accelerators (read "
+                     "2026-12-01: 1,307.4 TFLOP/s BF16 dense, 256 GB HBM3E, 6 TB/s, drop-in for "
+                     "the MI300X platform); vendor claims. Infinity Fabric as MI300X (same "
+                     "platform); scale-out: a 400 Gb/s NIC per GPU assumed (not found)"),
+        HardwareSpec("gaudi3", 1835e12, 128 * GB, 3.7 * TB, 600 * GB, 200e9 / 8, 8,
+                     "Intel Gaudi 3 figures, secondary: https://www.yobitel.com/knowledge-base/"
+                     "intel-gaudi-3 and https://evokernel-specs.pages.dev/hardware/gaudi-3/ "
+                     "(read 2026-12-01: 1,835 TFLOP/s BF16 matrix engines, 128 GB HBM2e, "
+                     "3.7 TB/s, 24 x 200 GbE RoCE = 600 GB/s one direction, 200 Gb/s per card "
+                     "out of the 8-card node); vendor claims (Intel)"),
+        HardwareSpec("trn2", 667e12, 96 * GiB, 2.9 * TB, _NIC_400G, _NIC_400G, 16,
+                     "AWS Neuron documentation, Trainium2 architecture, "
+                     "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/arch/"
+                     "trainium2_arch.html and .../about-neuron/arch/neuron-hardware/"
+                     "trainium2.rst (read 2026-12-01: 667 BF16 TFLOP/s dense, 96 GiB, 2.9 TB/s; "
+                     "16 chips per trn2.48xlarge); vendor claim. NeuronLink-v3 and EFA "
+                     "bandwidth per chip not found: 400 Gb/s assumed for both"),
     )
 }
 
