@@ -91,13 +91,13 @@ HARDWARE: Mapping[str, HardwareSpec] = {
                      "node); read 2026-12-01; vendor claims. Scale-out: a 400 Gb/s NIC per GPU "
                      "assumed (no published figure found)"),
         HardwareSpec("mi325x", 1307.4e12, 256 * GB, 6 * TB, 448 * GB, _NIC_400G, 8,
-                     "AMD Instinct MI325X figures, secondary: https://awesomeagents.ai/hardware/"
+                     "AMD Instinct MI325X datasheet figures, secondary: https://awesomeagents.ai/hardware/"
                      "amd-mi325x and https://wiaix.com/amd-instincttm-mi325x-accelerators (read "
                      "2026-12-01: 1,307.4 TFLOP/s BF16 dense, 256 GB HBM3E, 6 TB/s, drop-in for "
                      "the MI300X platform); vendor claims. Infinity Fabric as MI300X (same "
                      "platform); scale-out: a 400 Gb/s NIC per GPU assumed (not found)"),
         HardwareSpec("gaudi3", 1835e12, 128 * GB, 3.7 * TB, 600 * GB, 200e9 / 8, 8,
-                     "Intel Gaudi 3 figures, secondary: https://www.yobitel.com/knowledge-base/"
+                     "Intel Gaudi 3 datasheet figures, secondary: https://www.yobitel.com/knowledge-base/"
                      "intel-gaudi-3 and https://evokernel-specs.pages.dev/hardware/gaudi-3/ "
                      "(read 2026-12-01: 1,835 TFLOP/s BF16 matrix engines, 128 GB HBM2e, "
                      "3.7 TB/s, 24 x 200 GbE RoCE = 600 GB/s one direction, 200 Gb/s per card "
