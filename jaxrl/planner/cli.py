@@ -6,6 +6,8 @@
     python launch/plan.py --from-run runs/<name>      # measured rates -> recommended split
     python launch/plan.py --published                 # the published case, reproduced
     python launch/plan.py --list                      # presets
+    python launch/plan.py --cost                      # the published case in $ (price sheet)
+    python launch/plan.py --hardware mi300x --cost --objective cost --prices my_prices.json
 
 Overrides `--SECTION.FIELD=VALUE` change one field of the model, hardware, workload, eff
 (efficiency assumptions) or sim (simulator) settings; an unknown field is an error listing the
@@ -20,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from jaxrl.planner import cost as costs
 from jaxrl.planner import published
 from jaxrl.planner.analytic import MODES, Infeasible, predict, sandbox_cores
 from jaxrl.planner.hardware import CPU_NAME, HARDWARE, get_hardware
@@ -52,6 +55,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--from-run", default=None, help="run directory with metrics.jsonl")
     p.add_argument("--published", action="store_true", help="reproduce the published case")
     p.add_argument("--list", action="store_true", help="list presets and exit")
+    p.add_argument("--cost", action="store_true",
+                   help="add $ per 1M rollouts, $ per step and the cost split (alone: the "
+                        "published case)")
+    p.add_argument("--prices", default=None, help="JSON price sheet overriding the built-in one")
+    p.add_argument("--objective", default="throughput", choices=("throughput", "cost"),
+                   help="what the recommended split maximises: rollouts/s or 1/($ per rollout)")
+    p.add_argument("--hosted", default="tinker-inkling",
+                   help="hosted-API price entry for the comparison line")
     return p
 
 
@@ -172,6 +183,8 @@ def _plan(args: argparse.Namespace, ov: dict[str, dict[str, str]]) -> str:
         f"{workload.tool_calls_per_sample:g} tool calls x {workload.tool_latency_s} s + reward "
         f"{workload.sandbox_exec_s} s)",
         "", format_recommendation(rec)]
+    if args.cost or args.objective == "cost":
+        out += ["", *_plan_cost(args, rec, model, hw, workload, eff, modes)]
     if args.simulate or args.trace:
         out += ["", f"simulator (steps: {args.steps}):"]
         runs = [("recommended", best)] + ([("baseline", rec.baseline)] if rec.baseline else [])
@@ -197,6 +210,85 @@ def _plan(args: argparse.Namespace, ov: dict[str, dict[str, str]]) -> str:
     return "\n".join(out)
 
 
+def _cost_lines(args: argparse.Namespace, rows: list[tuple[str, SplitResult]],
+                hw_name: str, workload: Workload, eff: Efficiency, batch: int | None = None
+                ) -> tuple[list[str], Any]:
+    sheet = costs.load_prices(args.prices)
+    chip = costs.chip_price(sheet, hw_name)
+    core = sheet["cpu_core"]["usd_per_hour"]
+
+    def cost_of(r: SplitResult) -> costs.Cost:
+        c = costs.split_cost(r, chip, core, workload.sandbox_s_per_sample,
+                             eff.sandbox_utilization)
+        if batch is not None:  # measured rates: a step is one batch at the consumed rate
+            c = dataclasses.replace(c, step_s=batch / r.rates.consumed_per_s)
+        return c
+
+    lines = [f"cost ({hw_name} ${chip:g}/chip-hour: {sheet['chips'][hw_name]['source']}, "
+             f"{sheet['chips'][hw_name]['date']}; sandbox ${core:g}/core-hour, "
+             f"{sheet['cpu_core']['date']}):"]
+    lines += ["  " + costs.format_cost(label, r.split, cost_of(r)) for label, r in rows]
+    return lines, cost_of
+
+
+def _hosted_line(args: argparse.Namespace, prompt: float, response: float, epochs: int) -> str:
+    sheet = costs.load_prices(args.prices)
+    if args.hosted not in sheet["hosted"]:
+        return (f"hosted API {args.hosted}: no price in the sheet (priced: "
+                f"{sorted(sheet['hosted'])})")
+    return costs.format_hosted(args.hosted, sheet["hosted"][args.hosted], prompt, response,
+                               epochs)
+
+
+def _plan_cost(args: argparse.Namespace, rec: Recommendation, model: Any, hw: Any,
+               workload: Workload, eff: Efficiency, modes: list[str]) -> list[str]:
+    rows = ([("baseline", rec.baseline)] if rec.baseline else []) + [("recommended", rec.best)]
+    lines, cost_of = _cost_lines(args, rows, hw.name, workload, eff)
+    if args.objective == "cost":
+        # $ per rollout may fall with fewer chips (tail, replica granularity): try every total.
+        g = args.granularity or hw.chips_per_node
+        pool = list(rec.candidates)
+        for total in range(2 * g, rec.total_chips, g):
+            try:
+                pool += recommend_analytic(model, hw, workload, eff, total, modes=modes,
+                                           staleness=args.staleness, granularity=g).candidates
+            except ValueError:
+                continue
+        best = costs.cheapest(pool, cost_of)
+        lines.append("  " + costs.format_cost("cheapest", best.split, cost_of(best))
+                     + f" (mode {best.rates.mode}; objective cost, any total up to "
+                       f"{rec.total_chips} chips)")
+    s = workload.response_stats()
+    lines.append("  " + _hosted_line(args, workload.prompt_len, s.mean, workload.epochs))
+    return lines
+
+
+def _published_cost(args: argparse.Namespace, ov: dict[str, dict[str, str]]) -> str:
+    """The published case (GLM-5 description, 128 + 128 H200) priced."""
+    hw = apply(get_hardware("h200"), ov["hardware"], "hardware")
+    workload = apply(Workload(), ov["workload"], "workload")
+    eff = apply(Efficiency(), ov["eff"], "eff")
+    case = published.CASES[0]
+    r = published.reproduce(case, hw)
+    rec = r.matched
+    rows = [("published", rec.baseline), ("recommended", rec.best)]
+    lines, cost_of = _cost_lines(args, rows, hw.name, workload, eff,
+                                 batch=workload.batch_size)
+    if args.objective == "cost":
+        best = costs.cheapest(rec.candidates, cost_of)
+        lines.append("  " + costs.format_cost("cheapest", best.split, cost_of(best)))
+    base, best = cost_of(rec.baseline), cost_of(rec.best)
+    prompt = min(workload.prompt_len, r.sample_tokens - 1)
+    lines += [f"  recommended saves {1 - best.usd_per_million / base.usd_per_million:.1%} per "
+              f"rollout; an RL step is {workload.batch_size} rollouts "
+              f"(--workload.batch_size)",
+              "  " + _hosted_line(args, prompt, r.sample_tokens - prompt, workload.epochs)]
+    head = (f"Published case {case.label} H200 ({published.SOURCE}): trainer "
+            f"{published.TRAINER_CAPACITY} vs generator {published.GENERATOR_RATE} "
+            f"samples/s; {r.sample_tokens:,} tokens per sample (implied, planner)")
+    return "\n".join([head, *lines])
+
+
 def _from_run(args: argparse.Namespace) -> str:
     metrics = read_run(args.from_run)
     kw = {}
@@ -205,6 +297,14 @@ def _from_run(args: argparse.Namespace) -> str:
     granularity = args.granularity or 1
     rec = from_measured(metrics, total_chips=args.chips, granularity=granularity, **kw)
     return f"measured run {args.from_run}:\n" + format_recommendation(rec)
+
+
+def _only_cost(argv: Sequence[str] | None) -> bool:
+    """`plan.py --cost` with no plan of its own (no --model/--hardware/--chips/--split):
+    the published case."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    plan_flags = ("--model", "--hardware", "--chips", "--split", "--from-run")
+    return not any(a.split("=")[0] in plan_flags for a in given)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -216,8 +316,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("hardware:", ", ".join(sorted([*HARDWARE, CPU_NAME])))
             print("modes:", ", ".join(MODES))
             return 0
-        if args.published:
+        if args.published and not args.cost:
             print(published.report(apply(get_hardware("h200"), ov["hardware"], "hardware")))
+        elif args.cost and (args.published or _only_cost(argv)):
+            print(_published_cost(args, ov))
         elif args.from_run:
             print(_from_run(args))
         else:
