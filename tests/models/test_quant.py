@@ -85,7 +85,7 @@ def test_publish_quantizes_the_generator_copy_on_its_mesh(lora_generator):
     if lora_generator:
         cfg = dataclasses.replace(cfg, lora=LoraConfig(rank=4, alpha=8.0,
                                                        generator=lora_generator))
-    meshes = make_meshes(MeshConfig(trainer=(4, 1), generator=(2, 2)))
+    meshes = make_meshes(MeshConfig(trainer=(2, 1), generator=(1, 2)))
     params = nnx.to_pure_dict(nnx.state(create_model(cfg, mesh=meshes.trainer, seed=0)))
     want = params
     if lora_generator:
