@@ -60,6 +60,10 @@ class TrainConfig:
     ref_dtype: str | None = None
     ref_metrics: bool = False  # also report policy/ref_kl when kl_coef is 0 (one more forward)
     entropy_coef: float = 0.0  # entropy bonus: loss -= entropy_coef * aggregation(entropy)
+    # a mixture of experts: the policy (and pi_old) forwards use the experts the generator
+    # chose (`Batch.routed_experts`) instead of the router's top-k; the router still weights
+    # them and gets gradients (R3, Ma et al. 2025, arXiv:2510.11370). No effect on a dense model
+    routing_replay: bool = False
     correction: str = "none"
     is_cap: float = 2.0  # C of truncated IS / decoupled PPO
     m2_tau: float = 0.04  # tau of M2PO

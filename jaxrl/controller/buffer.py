@@ -31,6 +31,9 @@ class Rollout:
     # multi-turn: 1 on the model's tokens, 0 on observation tokens (no loss, no behaviour
     # logprob); None: every completion token is the model's
     mask: list[int] | None = None
+    # a mixture of experts: the generator's experts [Ls, prompt + completion, K] per token
+    # (`jaxrl.generate.scheduler.Completion.routing`); None when not recorded
+    routing: np.ndarray | None = None
 
     @property
     def min_version(self) -> int:
@@ -137,7 +140,8 @@ def groups_to_batch(groups: list[Group], *, with_versions: bool = True) -> Batch
 
     Row = prompt + completion; the loss covers completion tokens (the model's only, in a
     multi-turn rollout: `Rollout.mask`); behaviour logprobs and versions
-    sit at the position of the token they score (see `jaxrl.train.batch`).
+    sit at the position of the token they score (see `jaxrl.train.batch`); recorded routing
+    becomes `Batch.routed_experts` (-1 for rows without one).
     """
     rows = [(gi, r) for gi, g in enumerate(groups) for r in g.rollouts]
     if not rows:
@@ -152,6 +156,11 @@ def groups_to_batch(groups: list[Group], *, with_versions: bool = True) -> Batch
     rewards = np.zeros((b,), np.float32)
     group_ids = np.zeros((b,), np.int32)
     weights = np.asarray([groups[gi].weight for gi, _ in rows], np.float32)
+    routed = [r.routing for _, r in rows if r.routing is not None]
+    experts = None
+    if routed:
+        ls, _, k = routed[0].shape
+        experts = np.full((b, length, ls, k), -1, routed[0].dtype)
     for i, (gi, r) in enumerate(rows):
         p, c = len(r.prompt), len(r.completion)
         if p < 1:
@@ -168,9 +177,14 @@ def groups_to_batch(groups: list[Group], *, with_versions: bool = True) -> Batch
         versions[i, p : p + c] = r.versions
         rewards[i] = r.reward
         group_ids[i] = gi
+        if experts is not None and r.routing is not None:
+            if r.routing.shape[1] != p + c:
+                raise ValueError(f"rollout {i}: routing covers {r.routing.shape[1]} tokens, the "
+                                 f"rollout has {p + c}")
+            experts[i, : p + c] = np.swapaxes(r.routing, 0, 1)
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (b, length))
     return make_batch(
         tokens, loss_mask, rewards, group_ids, positions=positions, segment_ids=segment_ids,
         behaviour_logprobs=behaviour, versions=versions if with_versions else None,
-        sample_weights=weights,
+        sample_weights=weights, routed_experts=experts,
     )

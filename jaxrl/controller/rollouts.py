@@ -112,7 +112,7 @@ class RolloutProducer:
                 rollouts.append(Rollout(
                     prompt=list(c.prompt), completion=list(c.tokens), logprobs=list(c.logprobs),
                     versions=list(c.versions), finish_reason=c.finish_reason,
-                    reward=scores.total[k],
+                    reward=scores.total[k], routing=c.routing,
                 ))
                 k += 1
             groups.append(Group(example=record, rollouts=rollouts))

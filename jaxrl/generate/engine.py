@@ -16,6 +16,11 @@ sharding without recompiling. `kv_layout="paged"` swaps the decode state's `KVCa
 `jaxrl.models.paged.PagedKVCache` (page pools + page table, paged decode attention) behind the
 same interface: prefill still fills a contiguous one-row prefix, `insert` writes it into the
 slot's pages, and decode steps write and read through the page table.
+
+A mixture of experts records its routing (for routing replay, `train.routing_replay`): the
+prefix holds the experts each sparse layer chose for every prompt token, and each chunk's
+`StepResult.experts_CBLK` those chosen for the token each slot fed at each step (the token it
+emitted one row before), in the smallest integer dtype that holds them (`moe.experts_dtype`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl.config import KVLayout
 from jaxrl.generate.sampling import ban_stop_ids, sample_key, sample_tokens
+from jaxrl.models.moe import experts_dtype, num_sparse_layers
 from jaxrl.models.paged import PagedKVCache
 from jaxrl.models.transformer import KVCache, Transformer
 from jaxrl.sharding import logical_sharding, state_shardings
@@ -62,6 +68,7 @@ class Prefix:
     logits_V: jax.Array  # f32, at position true_length - 1
     true_length: jax.Array  # int32
     version: jax.Array  # int32: the weights that computed this prefix
+    experts_LPK: jax.Array | None = None  # a mixture of experts: each prompt token's experts
 
 
 @jax.tree_util.register_dataclass
@@ -116,6 +123,9 @@ class StepResult:
     active_B: jax.Array
     finish_reason_B: jax.Array
     num_steps: jax.Array  # decode steps actually run (<= chunk_steps)
+    # a mixture of experts: row i > 0 holds, per slot, the experts [Ls, K] its sparse layers
+    # chose for the token fed at step i (the one the slot emitted in the row before); row 0 none
+    experts_CBLK: jax.Array | None = None
 
 
 class Engine(Protocol):
@@ -419,11 +429,14 @@ class JaxEngine:
     def _prefill_impl(self, params: Weights, tokens_1P, true_length):
         model = nnx.merge(self.graphdef, params.state)
         cache = KVCache.init(self.cfg, 1, tokens_1P.shape[1])
-        hidden_1PE, cache = model.decode_hidden(tokens_1P, cache, true_length[None])
+        hidden_1PE, cache, experts_L1PK = model.decode_hidden_routed(tokens_1P, cache,
+                                                                    true_length[None])
         last_11E = jax.lax.dynamic_slice_in_dim(hidden_1PE, true_length - 1, 1, axis=1)
         logits_V = model.logits(last_11E)[0, 0]
+        experts_LPK = None if experts_L1PK is None else experts_L1PK[:, 0].astype(
+            experts_dtype(self.cfg.num_experts))
         return Prefix(cache=cache, logits_V=logits_V, true_length=true_length,
-                      version=params.version)
+                      version=params.version, experts_LPK=experts_LPK)
 
     def _insert_impl(self, prefix: Prefix, state: DecodeState, slot, sp: SlotParams):
         key = sample_key(sp.key_data, sp.sample_index, 0)
@@ -471,8 +484,9 @@ class JaxEngine:
     def _step(self, model: Transformer, st: DecodeState):
         """One decode step for all slots; inactive slots compute but change nothing."""
         act_B = st.active_B
-        logits_B1V, cache = model.decode(st.tokens_B[:, None], st.cache,
-                                         num_valid_B=act_B.astype(jnp.int32))
+        h_B1E, cache, experts_LB1K = model.decode_hidden_routed(
+            st.tokens_B[:, None], st.cache, num_valid_B=act_B.astype(jnp.int32))
+        logits_B1V = model.logits(h_B1E)
         keys_B = jax.vmap(lambda d, t: jax.random.fold_in(
             jax.random.wrap_key_data(d, impl="threefry2x32"), t))(st.key_data_B2,
                                                                   st.num_generated_B)
@@ -490,7 +504,8 @@ class JaxEngine:
                              jnp.where(length_B, FINISH_LENGTH, st.finish_reason_B))
         st = dataclasses.replace(st, cache=cache, tokens_B=tok_B, num_generated_B=num_B,
                                  active_B=act_B & ~stop_B & ~length_B, finish_reason_B=finish_B)
-        return st, tok_B, logp_B, act_B
+        experts_BLK = None if experts_LB1K is None else jnp.swapaxes(experts_LB1K[:, :, 0], 0, 1)
+        return st, tok_B, logp_B, act_B, experts_BLK
 
     def _chunk_impl(self, params: Weights, state: DecodeState, min_finished, *, num_steps: int):
         model = nnx.merge(self.graphdef, params.state)
@@ -500,6 +515,10 @@ class JaxEngine:
         versions = jnp.full((rows, b), params.version, jnp.int32).at[0].set(
             state.pending_version_B)
         valid = jnp.zeros((rows, b), bool).at[0].set(state.pending_B)
+        experts = None
+        if self.cfg.num_experts:  # a mixture of experts records its routing
+            shape = (rows, b, num_sparse_layers(self.cfg), self.cfg.experts_per_token)
+            experts = jnp.full(shape, -1, experts_dtype(self.cfg.num_experts))
         state = dataclasses.replace(state, pending_B=jnp.zeros_like(state.pending_B))
         started_B = state.active_B
 
@@ -509,16 +528,20 @@ class JaxEngine:
             return (i < num_steps) & jnp.any(st.active_B) & (finished < min_finished)
 
         def body(carry):
-            i, st, (tokens, logprobs, valid) = carry
-            st, tok_B, logp_B, emitted_B = self._step(model, st)
+            i, st, (tokens, logprobs, valid, experts) = carry
+            st, tok_B, logp_B, emitted_B, experts_BLK = self._step(model, st)
             tokens = jax.lax.dynamic_update_index_in_dim(tokens, tok_B, i + 1, 0)
             logprobs = jax.lax.dynamic_update_index_in_dim(logprobs, logp_B, i + 1, 0)
             valid = jax.lax.dynamic_update_index_in_dim(valid, emitted_B, i + 1, 0)
-            return i + 1, st, (tokens, logprobs, valid)
+            if experts is not None:
+                experts = jax.lax.dynamic_update_index_in_dim(
+                    experts, experts_BLK.astype(experts.dtype), i + 1, 0)
+            return i + 1, st, (tokens, logprobs, valid, experts)
 
-        steps, state, (tokens, logprobs, valid) = jax.lax.while_loop(
-            cond, body, (jnp.int32(0), state, (tokens, logprobs, valid)))
+        steps, state, (tokens, logprobs, valid, experts) = jax.lax.while_loop(
+            cond, body, (jnp.int32(0), state, (tokens, logprobs, valid, experts)))
         result = StepResult(tokens_CB=tokens, logprobs_CB=logprobs, versions_CB=versions,
                             valid_CB=valid, active_B=state.active_B,
-                            finish_reason_B=state.finish_reason_B, num_steps=steps)
+                            finish_reason_B=state.finish_reason_B, num_steps=steps,
+                            experts_CBLK=experts)
         return state, result

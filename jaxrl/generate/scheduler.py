@@ -37,6 +37,9 @@ class Completion:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str  # "stop" (EOS or a stop id, kept as the last token) | "length"
+    # a mixture of experts: the experts [Ls, prompt + tokens, K] each sparse layer chose for
+    # each token (-1 where none was computed: the last token is sampled, never fed); else None
+    routing: np.ndarray | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -85,6 +88,7 @@ class _Group:
     stop_text: StopText | None = None
     prefix: Prefix | None = None
     next_sample: int = 0
+    prompt_experts: object = None  # the prefix's experts_LPK (device), read when a sample ends
 
 
 @dataclasses.dataclass
@@ -94,6 +98,20 @@ class _Running:
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
+    experts: list[np.ndarray] = dataclasses.field(default_factory=list)  # [Ls, K] per fed token
+
+    def routing(self) -> np.ndarray | None:
+        """The sample's routing record, prompt then completion (see `Completion.routing`)."""
+        prompt = self.group.prompt_experts
+        if prompt is None:
+            return None
+        prompt_LPK = np.asarray(prompt)[:, : len(self.group.prompt)]
+        out = np.full((prompt_LPK.shape[0], len(self.tokens), prompt_LPK.shape[2]), -1,
+                      prompt_LPK.dtype)
+        fed = self.experts[: len(self.tokens)]
+        if fed:
+            out[:, : len(fed)] = np.stack(fed, axis=1)
+        return np.concatenate([prompt_LPK, out], axis=1)
 
 
 class Scheduler:
@@ -162,6 +180,7 @@ class Scheduler:
             group = self._queue[0]
             if group.prefix is None:
                 group.prefix = engine.prefill(engine.params, group.prompt)
+                group.prompt_experts = group.prefix.experts_LPK
                 self.stats.prefills += 1
                 self.stats.prompt_tokens += len(group.prompt)
             sp = group.sampling
@@ -206,12 +225,15 @@ class Scheduler:
             run.tokens.extend(r.tokens_CB[rows, slot].tolist())
             run.logprobs.extend(r.logprobs_CB[rows, slot].tolist())
             run.versions.extend(r.versions_CB[rows, slot].tolist())
+            if r.experts_CBLK is not None:  # rows > 0 routed the token fed at that step
+                run.experts.extend(r.experts_CBLK[rows[rows > 0], slot])
             self.stats.generated_tokens += len(rows)
             g = run.group
             keep = g.stop_text.find(run.tokens, before) if g.stop_text is not None else None
             if keep is not None:  # a stop string of several tokens: end the sample there
                 self.stats.generated_tokens -= len(run.tokens) - keep
                 del run.tokens[keep:], run.logprobs[keep:], run.versions[keep:]
+                del run.experts[keep:]
                 if r.active_B[slot]:
                     self.state = self.engine.release(self.state, slot)
                 reason = "stop"
@@ -221,7 +243,7 @@ class Scheduler:
                     raise RuntimeError(f"internal: slot {slot} inactive with no finish reason")
             if keep is not None or not r.active_B[slot]:
                 done.append(Completion(g.request_id, run.sample_index, g.prompt, run.tokens,
-                                       run.logprobs, run.versions, reason))
+                                       run.logprobs, run.versions, reason, run.routing()))
                 self._slots[slot] = None
         self.stats.completions += len(done)
         return done

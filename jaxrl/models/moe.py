@@ -32,12 +32,16 @@ EXPERT_AXIS = "expert"
 
 def route(logits_NX, k: int, norm_topk_prob: bool, experts_NK=None):
     """`(weights_NK f32, experts_NK int32)`: the top-k experts of each token and their combine
-    weights; with `experts_NK` given, those experts (replay) weighted by the router."""
+    weights; with `experts_NK` given, those experts (replay) weighted by the router. A replayed
+    row holding a negative index (a token the generator did not route: the last sampled token,
+    padding) takes the router's own top-k."""
     probs_NX = jax.nn.softmax(logits_NX.astype(jnp.float32), axis=-1)
+    weights_NK, own_NK = jax.lax.top_k(probs_NX, k)
     if experts_NK is None:
-        weights_NK, experts_NK = jax.lax.top_k(probs_NX, k)
+        experts_NK = own_NK
     else:
-        experts_NK = experts_NK.astype(jnp.int32)
+        given_N1 = jnp.all(experts_NK >= 0, axis=-1, keepdims=True)
+        experts_NK = jnp.where(given_N1, experts_NK.astype(jnp.int32), own_NK)
         weights_NK = jnp.take_along_axis(probs_NX, experts_NK, axis=-1)
     if norm_topk_prob:
         weights_NK = weights_NK / jnp.sum(weights_NK, axis=-1, keepdims=True)
@@ -110,3 +114,29 @@ class MoE(nnx.Module):
         out_NE = grouped_swiglu(x_BTE.reshape(-1, x_BTE.shape[-1]), weights_NK, experts_NK,
                                 *(p.astype(dt) for p in w))
         return out_NE.reshape(x_BTE.shape), logits_NX, experts_NK
+
+
+def num_sparse_layers(cfg: ModelConfig) -> int:
+    """How many layers are mixtures of experts (Ls: the leading axis of routing records)."""
+    return sum(cfg.is_sparse_layer(i) for i in range(cfg.num_layers))
+
+
+def experts_dtype(num_experts: int):
+    """The smallest integer dtype that holds expert indices and the -1 of "not recorded"
+    (int8 up to 127 experts, else int16): routing records are [layers, tokens, k] of it."""
+    return jnp.int8 if num_experts <= 127 else jnp.int16
+
+
+def routing_mismatch(used_LNK, recorded_LNK, valid_N):
+    """`(pair_frac, token_frac)`: the fraction of (sparse layer, token) pairs, and of tokens in
+    any sparse layer, whose top-k expert *set* differs between `used` and `recorded`, over the
+    tokens of `valid_N` that have a recording (no negative index). Order within the k is
+    ignored."""
+    used = jnp.sort(used_LNK.astype(jnp.int32), axis=-1)
+    rec = jnp.sort(recorded_LNK.astype(jnp.int32), axis=-1)
+    valid_N = valid_N & jnp.all(recorded_LNK >= 0, axis=(0, 2))
+    differ_LN = jnp.any(used != rec, axis=-1) & valid_N[None]
+    n = jnp.maximum(jnp.sum(valid_N), 1).astype(jnp.float32)
+    pair = jnp.sum(differ_LN) / (n * used.shape[0])
+    token = jnp.sum(jnp.any(differ_LN, axis=0)) / n
+    return pair.astype(jnp.float32), token.astype(jnp.float32)

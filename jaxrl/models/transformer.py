@@ -396,12 +396,19 @@ class Transformer(nnx.Module):
         return self.logits(self.hidden(tokens_BT, positions_BT, segment_ids_BT))
 
     def decode_hidden(self, tokens_BT, cache: KVCache, num_valid_B=None):
+        """`decode_hidden_routed` without the routing: `(h_BTE, new_cache)`."""
+        h_BTE, new_cache, _ = self.decode_hidden_routed(tokens_BT, cache, num_valid_B)
+        return h_BTE, new_cache
+
+    def decode_hidden_routed(self, tokens_BT, cache: KVCache, num_valid_B=None):
         """Append T tokens per row to the cache at each row's current length.
 
-        Returns `(h_BTE, new_cache)` with final-normed hidden states (project the positions you
-        need with `logits`). Row b's tokens get positions `lengths[b] + t`; only the first
-        `num_valid_B[b]` (default T) count towards the new length — the rest are padding that
-        later writes overwrite. Used for prompt prefill into a slot and for one-token decode steps.
+        Returns `(h_BTE, new_cache, experts_LBTK)` with final-normed hidden states (project the
+        positions you need with `logits`) and the experts each sparse layer chose for each token
+        (int32 `[Ls, B, T, K]`; None for a dense model): what routing replay records. Row b's
+        tokens get positions `lengths[b] + t`; only the first `num_valid_B[b]` (default T)
+        count towards the new length — the rest are padding that later writes overwrite. Used
+        for prompt prefill into a slot and for one-token decode steps.
         The caller guarantees `lengths + T <= max_len` (writes past the end would be clamped).
         `cache` is a `KVCache` or a `jaxrl.models.paged.PagedKVCache`: anything with
         `lengths_B`, `write_and_attend` and `with_layers`.
@@ -412,14 +419,17 @@ class Transformer(nnx.Module):
         positions_BT = lengths_B[:, None] + jnp.arange(t)[None, :]
         rope = rope_tables(self.cfg, positions_BT)
         x_BTE = self._embed(tokens_BT)
-        layer_caches = []
+        layer_caches, routings = [], []
         for i, layer in enumerate(self.layers):
             attend = functools.partial(cache.write_and_attend, i, positions_BT=positions_BT,
                                        kv_lengths_B=lengths_B + t, impl=self.cfg.attention_impl)
-            x_BTE, layer_cache, _ = layer.decode(x_BTE, rope, attend)
+            x_BTE, layer_cache, routing = layer.decode(x_BTE, rope, attend)
             layer_caches.append(layer_cache)
+            routings.append(routing)
         new_cache = cache.with_layers(layer_caches, new_lengths_B.astype(jnp.int32))
-        return self.final_norm(x_BTE), new_cache
+        routing = _stack_routing(routings, tokens_BT.shape)
+        experts_LBTK = None if routing is None else routing.experts_LBTK
+        return self.final_norm(x_BTE), new_cache, experts_LBTK
 
     def decode(self, tokens_BT, cache: KVCache, num_valid_B=None):
         """`decode_hidden` followed by the vocabulary projection: `(logits_BTV, new_cache)`."""

@@ -23,6 +23,11 @@ Fields:
   ref_logprobs  f32 [B, T] | None  reference policy; filled by `Trainer.prepare` when kl_coef > 0
   sample_weights f32 [B] | None  per-row loss weight in [0, 1] (stale data kept with a
                                  down-weight, `pipeline.stale_policy="downweight"`); None = all 1
+  routed_experts int8/int16 [B, T, Ls, K] | None  a mixture of experts: the experts the
+                 generator's Ls sparse layers chose for each token (indexed by the token routed,
+                 not the one it predicts); -1 where none was recorded (padding, the last sampled
+                 token). The trainer replays them with `train.routing_replay` and measures
+                 `moe/routing_mismatch` against them either way.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class Batch:
     proximal_logprobs: jax.Array | None = None
     ref_logprobs: jax.Array | None = None
     sample_weights: jax.Array | None = None
+    routed_experts: jax.Array | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -86,6 +92,7 @@ def make_batch(
     proximal_logprobs=None,
     ref_logprobs=None,
     sample_weights=None,
+    routed_experts=None,
 ) -> Batch:
     """Build a host-side `Batch` (numpy), checking shapes, dtypes and the alignment rules.
 
@@ -123,6 +130,12 @@ def make_batch(
             fields[name] = _arr(name, x, np.int32 if name == "versions" else np.float32, bt)
     if sample_weights is not None:
         fields["sample_weights"] = _arr("sample_weights", sample_weights, np.float32, (b,))
+    if routed_experts is not None:
+        ex = np.asarray(routed_experts)
+        if ex.ndim != 4 or ex.shape[:2] != bt or not np.issubdtype(ex.dtype, np.integer):
+            raise BatchError(f"batch.routed_experts must be an int [B, T, Ls, K] array with "
+                             f"B, T = {bt}; got {ex.dtype}{ex.shape}")
+        fields["routed_experts"] = ex
     out = Batch(**fields)
     check_batch(out)
     return out
@@ -183,14 +196,15 @@ def pad_batch(batch: Batch, rows: int, length: int) -> Batch:
     if rows < b or length < t:
         raise BatchError(f"cannot pad a [{b}, {t}] batch down to [{rows}, {length}]")
 
-    def pad(x):
+    def pad(x, value=0):
         if x is None:
             return None
         x = np.asarray(x)
-        widths = [(0, rows - b)] + ([(0, length - t)] if x.ndim == 2 else [])
-        return np.pad(x, widths)
+        widths = [(0, rows - b)] + ([(0, length - t)] if x.ndim >= 2 else [])
+        return np.pad(x, widths + [(0, 0)] * (x.ndim - len(widths)), constant_values=value)
 
-    out = {f.name: pad(getattr(batch, f.name)) for f in dataclasses.fields(batch)}
+    out = {f.name: pad(getattr(batch, f.name), -1 if f.name == "routed_experts" else 0)
+           for f in dataclasses.fields(batch)}
     if length > t:  # keep positions increasing past the end (harmless, masked anyway)
         out["positions"][:, t:] = np.arange(t, length, dtype=np.int32)
     return Batch(**out)

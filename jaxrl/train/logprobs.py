@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxrl.models.moe import routing_mismatch
 from jaxrl.train.batch import Batch
 
 REMAT_POLICIES = {
@@ -140,33 +141,73 @@ def logprobs_from_hidden(w_EV, h_BTE, tokens_BT, segment_ids_BT, *, chunk: int,
 
 
 def model_logprobs(model, batch: Batch, *, chunk: int, remat: str = "none",
-                   keep_probs_mb: float = 0.0, rope=None, entropy_grad: bool = False):
+                   keep_probs_mb: float = 0.0, rope=None, entropy_grad: bool = False,
+                   replay: bool = False):
     """(logp_BT, entropy_BT) of `batch.tokens` under an NNX `Transformer` (traceable); see
-    `logprobs_from_hidden` for `chunk` and `keep_probs_mb`, `Transformer.hidden` for `rope`."""
+    `model_logprobs_routed`."""
+    logp_BT, ent_BT, _ = model_logprobs_routed(
+        model, batch, chunk=chunk, remat=remat, keep_probs_mb=keep_probs_mb, rope=rope,
+        entropy_grad=entropy_grad, replay=replay)
+    return logp_BT, ent_BT
 
-    def hidden(m, tokens, positions, segment_ids, rope):
-        return m.hidden(tokens, positions, segment_ids, rope=rope)
+
+def model_logprobs_routed(model, batch: Batch, *, chunk: int, remat: str = "none",
+                          keep_probs_mb: float = 0.0, rope=None, entropy_grad: bool = False,
+                          replay: bool = False):
+    """(logp_BT, entropy_BT, routing stats) of `batch.tokens` under an NNX `Transformer`
+    (traceable); see `logprobs_from_hidden` for `chunk` and `keep_probs_mb`,
+    `Transformer.hidden` for `rope`.
+
+    A mixture of experts with `replay` routes each token to the generator's experts
+    (`batch.routed_experts`, routing replay; the router still weights them). The stats, when
+    the batch carries a routing record: `moe/routing_mismatch` (fraction of (sparse layer,
+    token) pairs whose expert set here differs from the generator's; 0 with replay),
+    `moe/routing_mismatch_any_layer` (fraction of tokens differing in any sparse layer) and,
+    with replay, `moe/router_mismatch` (the router's own top-k against the record: what the
+    mismatch would be without replay). Real tokens with a record only."""
+    recorded_BTLK = batch.routed_experts
+    experts_LBTK = None
+    if replay and recorded_BTLK is not None:
+        experts_LBTK = jnp.transpose(recorded_BTLK, (2, 0, 1, 3))
+
+    def hidden(m, tokens, positions, segment_ids, rope, experts):
+        return m.hidden_routed(tokens, positions, segment_ids, rope=rope, experts_LBTK=experts)
 
     if remat in REMAT_POLICIES:
         hidden = nnx.remat(hidden, policy=REMAT_POLICIES[remat])
-    h_BTE = hidden(model, batch.tokens, batch.positions, batch.segment_ids, rope)
+    h_BTE, routing = hidden(model, batch.tokens, batch.positions, batch.segment_ids, rope,
+                            experts_LBTK)
     w_EV = model.head_weight(h_BTE.dtype)
-    return logprobs_from_hidden(w_EV, h_BTE, batch.tokens, batch.segment_ids, chunk=chunk,
-                                keep_probs_mb=keep_probs_mb, entropy_grad=entropy_grad)
+    logp_BT, ent_BT = logprobs_from_hidden(w_EV, h_BTE, batch.tokens, batch.segment_ids,
+                                           chunk=chunk, keep_probs_mb=keep_probs_mb,
+                                           entropy_grad=entropy_grad)
+    stats = {}
+    if routing is not None and recorded_BTLK is not None:
+        ls, b, t, k = routing.experts_LBTK.shape
+        used_LNK = routing.experts_LBTK.reshape(ls, b * t, k)
+        rec_LNK = jnp.transpose(recorded_BTLK, (2, 0, 1, 3)).reshape(ls, b * t, k)
+        valid_N = batch.segment_ids.reshape(-1) > 0
+        pair, token = routing_mismatch(used_LNK, rec_LNK, valid_N)
+        stats = {"moe/routing_mismatch": pair, "moe/routing_mismatch_any_layer": token}
+        if replay:
+            own_LNK = jax.lax.top_k(jax.lax.stop_gradient(routing.logits_LNX), k)[1]
+            stats["moe/router_mismatch"] = routing_mismatch(own_LNK, rec_LNK, valid_N)[0]
+    return logp_BT, ent_BT, stats
 
 
-def _logprobs(params, batch: Batch, *, graphdef, chunk: int):
+def _logprobs(params, batch: Batch, *, graphdef, chunk: int, replay: bool):
     model = nnx.merge(graphdef, params)
-    logp_BT, _ = model_logprobs(model, batch, chunk=chunk)
+    logp_BT, _ = model_logprobs(model, batch, chunk=chunk, replay=replay)
     return logp_BT
 
 
 @functools.cache
-def make_logprobs_fn(graphdef, *, chunk: int, out_sharding=None):
+def make_logprobs_fn(graphdef, *, chunk: int, out_sharding=None, replay: bool = False):
     """Jitted `logprobs(params, batch) -> logp_BT` (f32, aligned as above) on the params' mesh.
 
-    Used for the proximal policy (current params before an update) and the reference policy."""
-    fn = functools.partial(_logprobs, graphdef=graphdef, chunk=chunk)
+    Used for the proximal policy (current params before an update; `replay`: with the
+    generator's routing, as the policy's forward) and the reference policy (its own routing)."""
+    fn = functools.partial(_logprobs, graphdef=graphdef, chunk=chunk, replay=replay)
     return jax.jit(fn, out_shardings=out_sharding)
 
 

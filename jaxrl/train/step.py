@@ -26,7 +26,7 @@ from jaxrl.models.transformer import rope_tables
 from jaxrl.sharding import logical_sharding
 from jaxrl.train.batch import Batch
 from jaxrl.train.config import TrainConfig
-from jaxrl.train.logprobs import model_logprobs
+from jaxrl.train.logprobs import model_logprobs_routed
 from jaxrl.train.objective import OBJECTIVES, Targets, check_batch_for, combine_stats
 from jaxrl.train.state import TrainState, learning_rate_schedule, make_optimizer
 
@@ -34,10 +34,11 @@ from jaxrl.train.state import TrainState, learning_rate_schedule, make_optimizer
 def _micro_loss(params, mb: Batch, tg: Targets, rope=None, *, graphdef, cfg: TrainConfig,
                 objective: str = "policy", frozen=None):
     model = nnx.merge(graphdef, params if frozen is None else lora.join(frozen, params))
-    logp_BT, ent_BT = model_logprobs(model, mb, chunk=cfg.logprob_chunk, remat=cfg.remat,
-                                     keep_probs_mb=cfg.lm_head_keep_mb, rope=rope,
-                                     entropy_grad=cfg.entropy_coef > 0)
-    return OBJECTIVES[objective][1](cfg, logp_BT, ent_BT, mb, tg)
+    logp_BT, ent_BT, routing_stats = model_logprobs_routed(
+        model, mb, chunk=cfg.logprob_chunk, remat=cfg.remat, keep_probs_mb=cfg.lm_head_keep_mb,
+        rope=rope, entropy_grad=cfg.entropy_coef > 0, replay=cfg.routing_replay)
+    loss, stats = OBJECTIVES[objective][1](cfg, logp_BT, ent_BT, mb, tg)
+    return loss, {**stats, **routing_stats}
 
 
 def _split_micro(x, m: int):
@@ -124,7 +125,7 @@ def batch_shardings(batch: Batch, mesh: Mesh) -> Batch:
     def one(x):
         if x is None:
             return None
-        axes = ("batch", "length")[: x.ndim]
+        axes = ("batch", "length", *(None,) * (x.ndim - 2))[: x.ndim]
         return logical_sharding(mesh, "trainer", axes, x.shape)
 
     return jax.tree.map(one, batch)

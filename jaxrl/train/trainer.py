@@ -124,6 +124,8 @@ class Trainer:
             self.ref_params = frozen_copy(ref_params, self.shardings.params, train_cfg.ref_dtype)
         self._step = make_train_step(self.graphdef, train_cfg, mesh, self.shardings)
         self._logprobs = make_logprobs_fn(self.graphdef, chunk=train_cfg.logprob_chunk)
+        self._proximal_logprobs = make_logprobs_fn(self.graphdef, chunk=train_cfg.logprob_chunk,
+                                                   replay=train_cfg.routing_replay)
         self.max_len = max_len
         self.row_multiple = train_cfg.micro_batches * mesh.shape["fsdp"]
         self._pending = None
@@ -144,11 +146,14 @@ class Trainer:
         )
         return pad_batch(batch, rows, length)
 
-    def logprobs(self, params: dict, batch: Batch) -> jax.Array:
+    def logprobs(self, params: dict, batch: Batch, *, proximal: bool = False) -> jax.Array:
         """Per-token logprobs of a (padded, device-placed) batch under `params` (the state's
-        kind: with LoRA, adapters) (aligned as in `jaxrl.train.batch`)."""
+        kind: with LoRA, adapters) (aligned as in `jaxrl.train.batch`). `proximal`: pi_old,
+        routed as the policy's forward is (`train.routing_replay`); else the params' own
+        routing (the reference policy)."""
+        fn = self._proximal_logprobs if proximal else self._logprobs
         with jax.set_mesh(self.mesh):  # as in the train step (Pallas attention per shard)
-            return self._logprobs(self.full_params(params), batch)
+            return fn(self.full_params(params), batch)
 
     def full_params(self, params: dict) -> dict:
         """The model's whole params dict for the state's `params` (LoRA: base + adapters)."""
@@ -164,7 +169,8 @@ class Trainer:
         batch = self.pad(batch)
         batch = jax.device_put(batch, batch_shardings(batch, self.mesh))
         if "proximal" in correction_needs(self.cfg) and batch.proximal_logprobs is None:
-            batch = batch.replace(proximal_logprobs=self.logprobs(self.state.params, batch))
+            batch = batch.replace(proximal_logprobs=self.logprobs(self.state.params, batch,
+                                                                         proximal=True))
         if self.ref_params is not None and batch.ref_logprobs is None:
             batch = batch.replace(ref_logprobs=self.logprobs(self.ref_params, batch))
         return batch
@@ -195,7 +201,8 @@ class Trainer:
         """Updates on mini-batches of `full`, every ratio against the policy before the first
         (`jaxrl.train.minibatch`)."""
         if full.proximal_logprobs is None:  # pi_old: the policy that generated the batch
-            full = full.replace(proximal_logprobs=self.logprobs(self.state.params, full))
+            full = full.replace(proximal_logprobs=self.logprobs(self.state.params, full,
+                                                                proximal=True))
         valid = np.any(np.asarray(host.segment_ids) > 0, axis=1)
         plan = plan_updates(host.group_ids, valid, mini_batches=self.cfg.mini_batches,
                             epochs=self.cfg.epochs, seed=(self.cfg.seed, seed_step),
