@@ -126,7 +126,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
     data_states.reset()
     ckpt.check_space(trainer.state)  # room for two checkpoints, before any step
     # 4. generator, rewards, producer, evaluator
-    publisher, engine, scheduler = build.generator(
+    publisher, _, scheduler = build.generator(
         cfg, model_cfg, meshes.generator, trainer.state.params,
         seq_len=seq_len, version=start_step,
         eos_id=tokenizer.eos_id, multi=processes.multi, base=trainer.frozen)
@@ -155,6 +155,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
         constants={"pipeline/trainer_chips": float(meshes.trainer.size),
                    "pipeline/generator_chips": float(meshes.generator.size),
                    "pipeline/mode": cfg.pipeline.mode})
+    del trainer, publisher, scheduler  # live moves replace them (in learner, producer)
     pipeline = Pipeline(mode=cfg.pipeline.mode, max_staleness=cfg.pipeline.max_staleness,
                         produce=producer.produce, train=learner.train,
                         publish=learner.publish, trace=trace,
@@ -165,7 +166,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
         ckpt.wait()  # the previous checkpoint is complete before later rows are written
         learner.complete_row()
         data_states.share()
-        ckpt.save(trainer.state, step=steps_done)
+        ckpt.save(learner.trainer.state, step=steps_done)  # a live move replaces the trainer
 
     def evaluate_mid_run(steps_done: int, row: dict) -> None:
         if steps_done < total and (steps_done > 1 or not evals["start"]):  # row 0 has it
@@ -192,11 +193,12 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
         if start_step == 0:
             evals["start"] = evaluator(0)
             log.info("eval before RL: %s", build.fmt_metrics(evals["start"]))
+    build.live_rebalance(cfg, model_cfg, meshes, learner, pipeline, producer, seq_len, tokenizer)
     learner.add_hook(save_checkpoint, every=cfg.train.checkpoint_every, at_end=True)
     # a signal stops the steps at a safe point with a checkpoint (jaxrl/controller/stopping.py)
     with stopping.deferred(save=lambda n: (save_checkpoint(n, {}), ckpt.wait())):
-        pipeline.run(start_step=start_step, num_steps=total, initial_params=trainer.state.params,
-                     on_step=learner.on_step, should_stop=stopping.requested)
+        pipeline.run(start_step=start_step, num_steps=total, on_step=learner.on_step,
+                     initial_params=learner.trainer.state.params, should_stop=stopping.requested)
     # 6. the end
     learner.finish(total)
     ckpt.wait()

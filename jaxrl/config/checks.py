@@ -90,6 +90,14 @@ def check_run(cfg) -> None:
         raise ConfigError(
             f"data.prompts_per_step={data.prompts_per_step} must be a multiple of "
             f"dist.num_processes={n}: each process draws an equal share")
+    mesh = cfg.mesh
+    if (pipe.rebalance == "auto" or pipe.rebalance_every) and (
+            mesh.colocated or n or mesh.cpu_cores == "split"):
+        raise ConfigError(
+            "pipeline.rebalance / rebalance_every move chips between the trainer and the "
+            "generator: they need separate roles on one set of devices in one process "
+            "(mesh.colocated=false, mesh.cpu_cores='shared', dist.num_processes unset); got "
+            f"colocated={mesh.colocated}, cpu_cores={mesh.cpu_cores!r}, num_processes={n}")
     if cfg.init is None:
         check_model_lengths(cfg, cfg.model)
     if gen.max_len and gen.max_len <= data.max_new_tokens:

@@ -357,10 +357,24 @@ class PipelineConfig:
     # every this many steps, a few (prompt, completion, reward) samples go to TensorBoard (text)
     # and <run_dir>/samples.jsonl; 0 = off
     samples_every: int = 10
+    # live rebalancing (jaxrl/controller/rebalance.py): "auto" moves chips between the trainer
+    # and the generator at step boundaries when the measured rates say another split of the same
+    # devices pays for the move (the policy of jaxrl/planner/rebalance.py); "off": the configured
+    # split for the whole run. --resume starts again from the configured split.
+    rebalance: Literal["off", "auto"] = "off"
+    # for tests: force a move every this many steps (0: never), alternating between the
+    # configured split and `rebalance_to` trainer chips (0: as many) on the devices in reverse
+    # order, so that every forced move moves the state to other devices
+    rebalance_every: int = 0
+    rebalance_to: int = 0
 
     def __post_init__(self):
         validate_literals(self)
         check_positive("pipeline", steps=self.steps)
+        if self.rebalance_every < 0 or self.rebalance_to < 0:
+            raise ConfigError(f"pipeline.rebalance_every and pipeline.rebalance_to: must be >= 0 "
+                              f"(0 = off / as configured), got {self.rebalance_every} and "
+                              f"{self.rebalance_to}")
         if self.max_staleness < 0 or self.max_oversample_rounds < 0:
             raise ConfigError(
                 f"pipeline: max_staleness and max_oversample_rounds must be >= 0, got "

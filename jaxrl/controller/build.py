@@ -242,6 +242,48 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
     return publisher, engine, Scheduler(engine)
 
 
+def live_rebalance(cfg: RunConfig, model_cfg, meshes, learner, pipeline, producer,
+                   seq_len: int, tokenizer):
+    """With `pipeline.rebalance=auto` or `rebalance_every`, adds the `LiveRebalance` step hook
+    to the learner (registered before the checkpoint hook, which completes the row), over the
+    devices of both meshes; returns it (None when off). A move rebuilds the generator (engine,
+    scheduler, publisher) on its new mesh from the moved trainer's params, hands the scheduler
+    to the producer (and its multi-turn runner) and the publisher to the learner. A split is
+    feasible when the tp sizes divide it and the memory plan says it fits."""
+    from jaxrl.controller.rebalance import LiveRebalance
+    from jaxrl.train.memory_plan import plan_memory
+
+    if cfg.pipeline.rebalance == "off" and not cfg.pipeline.rebalance_every:
+        return None
+
+    def rebuild_generator(mesh, params, version: int):
+        publisher, engine, scheduler = generator(
+            cfg, model_cfg, mesh, params, seq_len=seq_len, version=version, eos_id=tokenizer.eos_id,
+            multi=False, base=learner.trainer.frozen)
+        producer.scheduler, producer.version = scheduler, version
+        if producer.env_runner is not None:
+            producer.env_runner.scheduler = scheduler
+        learner.sync = publisher
+        return engine.params.state
+
+    def fits(trainer_shape, generator_shape) -> bool:
+        if cfg.mesh.memory_check == "off":
+            return True
+        budget = int(cfg.mesh.memory_budget_gib * 2**30) or None
+        return plan_memory(cfg, model_cfg, trainer_mesh_shape=trainer_shape,
+                           generator_mesh_shape=generator_shape, colocated=False,
+                           max_seq_len=seq_len, budget_bytes=budget).fits()
+
+    devices = [*meshes.trainer.devices.flat, *meshes.generator.devices.flat]
+    live = LiveRebalance(cfg.pipeline, devices, meshes.trainer.size,
+                         trainer_tp=meshes.trainer.shape["tp"],
+                         generator_tp=meshes.generator.shape["tp"], learner=learner,
+                         pipeline=pipeline, rebuild_generator=rebuild_generator, fits=fits,
+                         batch=cfg.data.prompts_per_step * cfg.data.group_size)
+    learner.add_hook(live)
+    return live
+
+
 def int8_quantizer(gen_cfg, mesh, plain_graphdef):
     """The jitted `params -> int8 params` of `generate.quantize="int8"`, on the generator mesh:
     `plain_graphdef`'s model (no adapters) quantized, laid out as the quantized model's

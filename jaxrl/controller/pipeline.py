@@ -25,7 +25,9 @@ The pipeline knows nothing about models: it calls
   onto the generator mesh (weight sync); the result becomes what `weights()` returns.
 
 `call_on_generator(fn)` runs other work that needs the generator (mid-run evaluation) on the
-generator thread between batches, so one engine serves both.
+generator thread between batches, so one engine serves both; `swap_generator(fn)` is the safe
+point where a live move replaces the generator (both threads paused, then the new weights
+published before the next batch).
 """
 
 from __future__ import annotations
@@ -171,6 +173,21 @@ class Pipeline:
                     raise self._error from None
                 if self._stop.is_set() or not self._thread.is_alive():
                     raise PipelineStopped() from None
+
+    def swap_generator(self, fn: Callable[[Callable[[], tuple[Any, int]]], tuple[Any, int]]
+                       ) -> None:
+        """Run `fn(weights) -> (generator_params, version)` on the generator thread between
+        batches, while the trainer thread waits here, and publish its result there, before the
+        generator starts another batch: a generator rebuilt on other devices (a live move,
+        jaxrl/controller/rebalance.py) takes over from the next batch, none lost or made twice
+        (batches already made are host data and stay queued)."""
+        def swap(weights):
+            params, version = fn(weights)
+            self._published.set(params, version)
+
+        if self._published is None:
+            self._published = _Published(None, -1)
+        self.call_on_generator(swap)
 
     def _generator_loop(self, start: int, end: int) -> None:
         try:

@@ -9,6 +9,7 @@ where to move is jaxrl/planner/rebalance.py (the same code the simulator runs).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 
@@ -16,6 +17,8 @@ import jax
 
 from jaxrl.config.sections import MeshConfig
 from jaxrl.sharding import Meshes, make_meshes
+
+log = logging.getLogger("jaxrl")
 
 
 def split_meshes(devices: Sequence[jax.Device], trainer_chips: int, *, trainer_tp: int = 1,
@@ -54,3 +57,103 @@ def move_trainer(trainer, mesh):
     jax.block_until_ready(new.state)
     moved = tree_bytes(trainer.state) + (tree_bytes(trainer.frozen) if lora else 0)
     return new, time.perf_counter() - t0, moved
+
+
+class LiveRebalance:
+    """`pipeline.rebalance=auto` (or forced moves, `pipeline.rebalance_every`): a step hook of
+    the Learner (`learner.add_hook(live, every=1)`), so a move happens at a step boundary, after
+    the step's update and weight sync and before the next batch is trained.
+
+    Each step it feeds the step's measured rates (`pipeline/rollouts_per_s_consumed` and
+    `_produced`, per busy second of each role) to the policy (`jaxrl.planner.rebalance.
+    Rebalancer`); a decision is made by moving the trainer (`move_trainer`) and rebuilding the
+    generator on its new mesh (`rebuild_generator(mesh, params, version) -> generator params`,
+    the run's engine, scheduler and publisher), both inside `Pipeline.swap_generator`, where the
+    generator thread is paused between batches and the trainer thread waits. Every decision is
+    logged with its predicted rate, and again with the rate measured on the step after it; the
+    row of the step that moved carries `rebalance/*`, and `pipeline/trainer_chips` /
+    `generator_chips` follow from the next step's row on.
+    """
+
+    def __init__(self, pipeline_cfg, devices: Sequence[jax.Device], trainer_chips: int, *,
+                 trainer_tp: int, generator_tp: int, learner, pipeline, rebuild_generator,
+                 fits=None, batch: int = 1):
+        from jaxrl.planner.rebalance import Rebalancer
+
+        self.cfg, self.devices = pipeline_cfg, list(devices)
+        self.tp = (trainer_tp, generator_tp)
+        self.learner, self.pipeline, self.rebuild_generator = learner, pipeline, rebuild_generator
+        self.fits = fits or (lambda trainer_shape, generator_shape: True)
+        self.configured = trainer_chips
+        self.mirrored = False  # the state is on the devices in reverse order (forced moves)
+        self.moves = 0
+        self.policy = Rebalancer(len(self.devices), trainer_chips, mode=pipeline_cfg.mode,
+                                 batch=batch, staleness=max(pipeline_cfg.max_staleness, 1),
+                                 feasible=self.feasible)
+        self._unmeasured = None  # the last decision, until its measured rate is logged
+
+    def feasible(self, trainer_chips: int, generator_chips: int) -> bool:
+        """The tp sizes divide both roles, and the memory plan says both fit."""
+        t_tp, g_tp = self.tp
+        if trainer_chips % t_tp or generator_chips % g_tp:
+            return False
+        return self.fits((trainer_chips // t_tp, t_tp), (generator_chips // g_tp, g_tp))
+
+    def __call__(self, steps_done: int, row: dict) -> None:
+        from jaxrl.planner.rebalance import Decision
+
+        pol = self.policy
+        pol.observe(row.get("pipeline/rollouts_per_s_consumed", float("nan")),
+                    row.get("pipeline/rollouts_per_s_produced", float("nan")))
+        done = self._unmeasured
+        if done is not None and done.measured_rate is not None:
+            log.info("%s (the step after it)", done.log_line())
+            row["rebalance/measured_samples_per_s"] = done.measured_rate
+            self._unmeasured = None
+        if steps_done >= self.cfg.steps:
+            return
+        decision, mirrored = None, self.mirrored
+        every = self.cfg.rebalance_every
+        if every and steps_done % every == 0:  # forced: alternate configured <-> rebalance_to
+            target = self.configured
+            if not self.mirrored:
+                target = self.cfg.rebalance_to or self.configured
+            new = (target, len(self.devices) - target)
+            rate = (lambda s: pol.throughput(*s)) if pol.t_rate else (lambda s: float("nan"))
+            decision = Decision(steps_done, pol.split, new, rate(pol.split), rate(new), pol.cost_s)
+            mirrored = not self.mirrored
+        elif self.cfg.rebalance == "auto":
+            decision = pol.decide(steps_done)
+        if decision is None:
+            return
+        seconds = self.move(decision.new[0], mirrored=mirrored)
+        pol.moved(decision, seconds)
+        self._unmeasured = decision
+        log.info("%s (assumed); the move took %.2fs", decision.log_line(), seconds)
+        row.update({"rebalance/move_s": seconds,
+                    "rebalance/from_trainer_chips": float(decision.old[0]),
+                    "rebalance/to_trainer_chips": float(decision.new[0]),
+                    "rebalance/current_samples_per_s": decision.current_rate,
+                    "rebalance/predicted_samples_per_s": decision.predicted_rate})
+
+    def move(self, trainer_chips: int, *, mirrored: bool = False) -> float:
+        """Move to `trainer_chips` of the devices (`mirrored`: counted from the last device);
+        returns the seconds the move took (both roles paused)."""
+        devices = self.devices[::-1] if mirrored else self.devices
+        meshes = split_meshes(devices, trainer_chips, trainer_tp=self.tp[0],
+                              generator_tp=self.tp[1])
+        learner = self.learner
+        t0 = time.perf_counter()
+
+        def on_generator(weights):
+            _, version = weights()  # the trainer's params are this version (published last)
+            learner.trainer, _, _ = move_trainer(learner.trainer, meshes.trainer)
+            params = self.rebuild_generator(meshes.generator, learner.trainer.state.params,
+                                            version)
+            return params, version
+
+        self.pipeline.swap_generator(on_generator)
+        self.mirrored, self.moves = mirrored, self.moves + 1
+        learner.constants["pipeline/trainer_chips"] = float(meshes.trainer.size)
+        learner.constants["pipeline/generator_chips"] = float(meshes.generator.size)
+        return time.perf_counter() - t0
