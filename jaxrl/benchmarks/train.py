@@ -14,6 +14,11 @@ Shared machines are noisy, so each timed iteration runs one jax step, one torch 
 f32 matmul probe back to back; figures are medians, the ratio is the median of per-iteration
 ratios, and MFU is given both against the machine's cached peak (`train/mfu`) and against the
 matmul rate probed in the same iteration (what the cores delivered at that moment).
+
+With `--moe`, a Qwen3-MoE of the same attention and embedding (8 experts of 192, top-2: 40.5M
+parameters, 26.3M active) and the dense Qwen3 of its active shape (MLP 384 = 2 x 192) are timed
+interleaved in one run; MFU counts active parameters (`jaxrl.train.flops`), so the two MFUs say
+what the dropless `ragged_dot` experts cost over a dense MLP of the same FLOPs.
 """
 
 from __future__ import annotations
@@ -47,6 +52,20 @@ def bench_model_config(args):
         dtype="float32" if args.dtype == "bf16-mixed" else args.dtype,
         param_dtype="float32",
     )
+
+
+def moe_model_configs(args):
+    """(the ~40M-total MoE, the dense model of its active shape): Qwen3 attention (q/k norm, no
+    bias) on the benchmark's hidden 512 / 8 layers / vocab 32000; 8 experts of 192, top-2,
+    renormalised; the dense MLP 384 wide."""
+    import dataclasses
+
+    base = dataclasses.replace(bench_model_config(args), architecture="qwen3", qkv_bias=False,
+                               qk_norm=True, intermediate_size=384)
+    moe = dataclasses.replace(base, architecture="qwen3_moe", num_experts=8,
+                              experts_per_token=2, moe_intermediate_size=192,
+                              norm_topk_prob=True)
+    return moe, base
 
 
 def make_inputs(args, vocab: int):
@@ -205,7 +224,12 @@ def main(argv: list[str]) -> int:
                    help="also time a LoRA trainer (adapters of this rank on every projection, "
                         "alpha 2 x rank) interleaved with the full-parameter one, and compare "
                         "their memory (state bytes, compiled step temporaries)")
+    p.add_argument("--moe", action="store_true",
+                   help="a ~40M-total Qwen3-MoE (8 experts, top-2) against the dense Qwen3 of "
+                        "its active shape, interleaved (the jax row is the dense model)")
     args = p.parse_args(argv)
+    if args.moe and (args.vs != "none" or args.lora_rank):
+        p.error("--moe runs alone (no --vs torch, no --lora-rank)")
     if args.lora_rank < 0:
         p.error(f"--lora-rank must be >= 0, got {args.lora_rank}")
 
@@ -213,6 +237,9 @@ def main(argv: list[str]) -> int:
 
     peak = peak_flops(refresh=True)  # measure now; the cache keeps the best seen on this machine
     model_cfg = bench_model_config(args)
+    moe_cfg = None
+    if args.moe:
+        moe_cfg, model_cfg = moe_model_configs(args)
     inputs = make_inputs(args, model_cfg.vocab_size)
     tokens = args.batch * args.seq
     flops = train_flops_per_token(model_cfg, args.seq) * tokens
@@ -221,6 +248,7 @@ def main(argv: list[str]) -> int:
     lora_step = (make_jax_step(args, model_cfg, inputs, lora_rank=args.lora_rank,
                                memory=memory["lora"]) if args.lora_rank else None)
     torch_step = make_torch_step(args, model_cfg, inputs) if args.vs == "torch" else None
+    moe_step = make_jax_step(args, moe_cfg, inputs) if moe_cfg is not None else None
     probe = make_matmul_probe()
     rows = []
     for i in range(args.warmup + args.steps):
@@ -229,6 +257,8 @@ def main(argv: list[str]) -> int:
             row["lora_s"] = _timed(lora_step)
         if torch_step is not None:
             row["torch_s"] = _timed(torch_step)
+        if moe_step is not None:
+            row["moe_s"] = _timed(moe_step)
         row["matmul_flops"] = max(probe(), probe())
         tag = "warmup" if i < args.warmup else "timed"
         print(f"[{tag} {i}] " + "  ".join(f"{k}={v:.4g}" for k, v in row.items()), flush=True)
@@ -269,6 +299,8 @@ def main(argv: list[str]) -> int:
                   f"{mib(m['trained_params_bytes'])}, optimizer {mib(m['opt_state_bytes'])}, "
                   f"frozen base {mib(m['frozen_base_bytes'])}), compiled step temporaries "
                   f"{mib(m['step_temp_bytes'])}")
+    if moe_step is not None:
+        _report_moe(out, rows, moe_cfg, model_cfg, tokens, peak)
     if torch_step is not None:
         t_s = med("torch_s")
         out.update(
@@ -287,3 +319,26 @@ def main(argv: list[str]) -> int:
         print(f"jax / torch tokens/s (median of paired ratios): {out['ratio_vs_torch']:.2f}x")
     print(json.dumps(out))
     return 0
+
+
+def _report_moe(out: dict, rows: list[dict], moe_cfg, dense_cfg, tokens: int, peak: float):
+    from jaxrl.train.flops import train_flops_per_token
+
+    seq = out["seq"]
+    flops = train_flops_per_token(moe_cfg, seq) * tokens
+    moe_s = statistics.median(r["moe_s"] for r in rows)
+    out.update(
+        moe_params=moe_cfg.num_params(), moe_active_params=moe_cfg.num_params(active=True),
+        dense_params=dense_cfg.num_params(), moe_flops_per_token=train_flops_per_token(
+            moe_cfg, seq),
+        moe_step_s=moe_s, moe_tokens_per_s=tokens / moe_s, moe_mfu=flops / moe_s / peak,
+        moe_mfu_vs_probe=statistics.median(flops / r["moe_s"] / r["matmul_flops"]
+                                           for r in rows),
+        moe_over_dense_step=statistics.median(r["moe_s"] / r["jax_s"] for r in rows),
+    )
+    print(f"moe   : {tokens / moe_s:9.1f} tokens/s  step {moe_s:.2f}s  MFU (active params) "
+          f"{out['moe_mfu']:.1%} of cached peak, {out['moe_mfu_vs_probe']:.1%} of the probed "
+          f"matmul rate; {out['moe_params'] / 1e6:.1f}M params, "
+          f"{out['moe_active_params'] / 1e6:.1f}M active (dense peer "
+          f"{out['dense_params'] / 1e6:.1f}M)")
+    print(f"moe / dense step time (median of paired ratios): {out['moe_over_dense_step']:.2f}x")
