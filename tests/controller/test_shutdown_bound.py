@@ -53,10 +53,16 @@ def test_ctrl_c_with_a_stuck_generator_stops_within_a_bound(caplog):
     # thread without an OS signal: in one full-suite run, a signal raised from this timer
     # thread never reached the main thread (the cause, e.g. a signal mask left blocked by a
     # library, was not found), and the test then waited forever.
+    # Python's own Ctrl-C handler: an in-process ray.init earlier in the session (the Ray
+    # tests) replaces it with one that exits
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(0.5, lambda: _thread.interrupt_main(signal.SIGINT)).start()
     t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="jaxrl"), pytest.raises(KeyboardInterrupt):
-        pipeline.run(start_step=0, num_steps=2, initial_params={})
+    try:
+        with caplog.at_level(logging.WARNING, logger="jaxrl"), pytest.raises(KeyboardInterrupt):
+            pipeline.run(start_step=0, num_steps=2, initial_params={})
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - t0 < 20
     assert "generator thread still running 10s after the stop" in caplog.text
 
