@@ -17,18 +17,21 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-_ROOT = Path(__file__).resolve().parents[1]
+_START = Path.cwd()
 
 
 @pytest.fixture(autouse=True)
 def _working_directory_survives(request):
-    """In one full-suite run the session's working directory was gone (`os.getcwd()` raised
-    FileNotFoundError) from some test on, and every later test that used it failed. After each
-    test: if the directory is gone, say which test it was and go back to the repository root."""
+    """In one full-suite run the session's working directory was gone or elsewhere
+    (`os.getcwd()` raised FileNotFoundError, relative paths such as configs/default.py were not
+    found) from some test on, and every later test that used it failed. After each test: if it
+    moved or is gone, say after which test and go back to where the session started."""
     yield
     try:
-        os.getcwd()
+        here = Path.cwd()
     except FileNotFoundError:
-        print(f"\nworking directory gone after {request.node.nodeid}; back to {_ROOT}",
-              file=sys.stderr)
-        os.chdir(_ROOT)
+        here = None
+    if here != _START:
+        print(f"\nworking directory {'gone' if here is None else here} after "
+              f"{request.node.nodeid}; back to {_START}", file=sys.stderr)
+        os.chdir(_START)
