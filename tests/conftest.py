@@ -12,7 +12,7 @@ import jax  # noqa: E402
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
 
-import sys  # noqa: E402
+import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -25,13 +25,14 @@ def _working_directory_survives(request):
     """In one full-suite run the session's working directory was gone or elsewhere
     (`os.getcwd()` raised FileNotFoundError, relative paths such as configs/default.py were not
     found) from some test on, and every later test that used it failed. After each test: if it
-    moved or is gone, say after which test and go back to where the session started."""
+    moved or is gone, go back to where the session started and say after which test (a
+    warning: pytest shows it in the summary)."""
     yield
     try:
         here = Path.cwd()
     except FileNotFoundError:
         here = None
     if here != _START:
-        print(f"\nworking directory {'gone' if here is None else here} after "
-              f"{request.node.nodeid}; back to {_START}", file=sys.stderr)
         os.chdir(_START)
+        warnings.warn(f"working directory {'gone' if here is None else here} after "
+                      f"{request.node.nodeid}; back to {_START}", stacklevel=1)
