@@ -74,6 +74,7 @@ def main(argv=None) -> int:
         running = Running(Service(Backend.load(args.base_model, max_len=64,
                                                num_slots=len(PROMPTS) * args.group)))
         args.base_url = running.url
+    service = None
     try:
         service = tinker.ServiceClient(base_url=args.base_url, api_key="tml-local")
         tc = service.create_lora_training_client(base_model=args.base_model, rank=args.rank,
@@ -87,6 +88,8 @@ def main(argv=None) -> int:
         print(f"reward {np.mean(curve[:k]):.3f} (first {k} steps) -> {np.mean(curve[-k:]):.3f} "
               f"(last {k}); {args.steps} steps in {time.time() - start:.0f} s", flush=True)
     finally:
+        if service is not None:
+            service.close("success").result()  # stops its heartbeat before the server goes
         if running is not None:
             running.stop()
     return 0

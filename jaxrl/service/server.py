@@ -123,6 +123,13 @@ class Service:
         self.sessions.add(sid)
         return web.json_response({"type": "create_session", "session_id": sid})
 
+    async def finish_session(self, request):
+        """`ServiceClient.close(status)`: the session ends (idempotent; a session from before a
+        restart is already gone). Its models stay: other sessions may hold their paths."""
+        await request.json()
+        self.sessions.discard(request.match_info["sid"])
+        return web.json_response(None)
+
     async def get_info(self, request):
         body = await request.json()
         m = self.backend.get(body["model_id"])
@@ -294,6 +301,7 @@ class Service:
             web.post(f"{v1}/client/config", self.client_config),
             web.post(f"{v1}/client/dynamic_config", ok({})),
             web.post(f"{v1}/create_session", self.create_session),
+            web.post(f"{v1}/sessions/{{sid}}/finish", self.finish_session),
             web.post(f"{v1}/session_heartbeat", ok({"type": "session_heartbeat"})),
             web.post(f"{v1}/telemetry", ok({"status": "accepted"})),
             web.post(f"{v1}/get_info", self.get_info),

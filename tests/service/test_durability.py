@@ -80,4 +80,5 @@ def test_saves_survive_a_restart_and_an_inflight_sample_is_retried(tmp_path):
         assert second.service.backend.models[again.model_id].steps == 1
         assert not list(tmp_path.rglob("*.tmp"))
     finally:
+        client.close("success").result()  # its heartbeat thread would log into later tests
         second.stop()

@@ -27,7 +27,11 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return tinker.ServiceClient(base_url=server.url, api_key="tml-local")
+    # closed before the server stops: an open SDK session keeps a heartbeat thread that logs
+    # connection warnings into every later test of the process
+    service_client = tinker.ServiceClient(base_url=server.url, api_key="tml-local")
+    yield service_client
+    service_client.close("success").result()
 
 
 def datum(tokens, weights=None):
