@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import time
 import typing
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -144,10 +145,7 @@ class Engine(Protocol):
     def release(self, decode_state: DecodeState, slot: int) -> DecodeState:
         """End `slot`'s sample now (finish reason stop): the host found a stop string in its
         text (`jaxrl.generate.stops`). The slot is free for the next `insert`."""
-        if not 0 <= slot < self.num_slots:
-            raise ValueError(f"release: slot {slot} outside [0, {self.num_slots})")
-        with self.mesh_context(decode_state):
-            return self._release_fn(decode_state, np.int32(slot))
+        ...
 
     def generate(self, params: Weights, decode_state: DecodeState
                  ) -> tuple[DecodeState, StepResult]: ...
@@ -185,13 +183,18 @@ class JaxEngine:
       kv_layout: "contiguous" (a `[slots, max_len]` cache row per slot) or "paged" (a
         `PagedKVCache`: pages of `page_size` positions, static allocation per slot).
       page_size: positions per page when `kv_layout="paged"`.
+      debug_delay_s: for tests and benchmarks only: seconds each `generate_chunk` sleeps, an
+        artificially slow generator (`generate.debug_chunk_delay_s`); 0 = none.
     """
 
     def __init__(self, model: Transformer, *, num_slots: int, max_len: int,
                  mesh: Mesh | None = None, chunk_steps: int = 16,
                  prefill_buckets: Sequence[int] | None = None, eos_ids: Sequence[int] = (),
                  max_stop_ids: int = 8, version: int = 0, kv_layout: str = "contiguous",
-                 page_size: int = 16):
+                 page_size: int = 16, debug_delay_s: float = 0.0):
+        if not debug_delay_s >= 0:
+            raise ValueError(f"JaxEngine: debug_delay_s must be >= 0, got {debug_delay_s!r}")
+        self.debug_delay_s = float(debug_delay_s)
         for name, value in (("num_slots", num_slots), ("max_len", max_len),
                             ("chunk_steps", chunk_steps), ("max_stop_ids", max_stop_ids),
                             ("page_size", page_size)):
@@ -238,14 +241,16 @@ class JaxEngine:
     def from_config(cls, model: Transformer, gen_cfg, *, max_len: int | None = None,
                     mesh: Mesh | None = None, eos_ids: Sequence[int] = (),
                     version: int = 0) -> JaxEngine:
-        """An engine from a `GenerateConfig`; `max_len` is used when `gen_cfg.max_len` is 0."""
+        """An engine from a `GenerateConfig`; `max_len` is used when `gen_cfg.max_len` is 0.
+        `generate.debug_chunk_delay_s` is split evenly among the mesh's devices."""
         length = gen_cfg.max_len or max_len
         if not length:
             raise ValueError("generate.max_len is 0 (automatic): pass max_len= (longest prompt "
                              "+ max new tokens)")
         return cls(model, num_slots=gen_cfg.num_slots, max_len=length, mesh=mesh,
                    chunk_steps=gen_cfg.chunk_steps, eos_ids=eos_ids, version=version,
-                   kv_layout=gen_cfg.kv_layout, page_size=gen_cfg.page_size)
+                   kv_layout=gen_cfg.kv_layout, page_size=gen_cfg.page_size,
+                   debug_delay_s=gen_cfg.debug_chunk_delay_s / (mesh.size if mesh else 1))
 
     # ------------------------------------------------------------------ host-side helpers
 
@@ -412,6 +417,8 @@ class JaxEngine:
         this chunk (the scheduler sets it when requests wait for a free slot).
         """
         target = self.num_slots + 1 if min_finished is None else int(min_finished)
+        if self.debug_delay_s:
+            time.sleep(self.debug_delay_s)  # an artificially slow generator (tests, benchmarks)
         with self.mesh_context(decode_state):
             return self._chunk_fns[self.chunk_steps](params, decode_state, np.int32(target))
 
