@@ -11,14 +11,22 @@ one client's `forward_backward` -> `optim_step` -> `save` sequence applies in th
 A request that is wrong on its face (unknown model or weights, unknown loss, wrong shapes, an
 oversize batch) is refused before it is queued with HTTP 400/404 and `{"error": ...}`: the SDK
 raises `tinker.BadRequestError` / `tinker.NotFoundError` with that message, and the server goes
-on serving. `--api-key` makes every request carry it (`X-API-Key`).
+on serving.
+
+Credentials: with keys set (`--api-key`, `--api-keys FILE`) every request must carry one
+(`X-API-Key`, as the SDK sends it; else HTTP 401, the SDK's `AuthenticationError`). Each key is
+its own owner, and everything a request creates (a training client and so every weights path
+under `tinker://<model_id>/`, a sampling session, a future) belongs to its key's owner. Another
+owner's model, path, sampler or future answers exactly as an unknown one does (HTTP 404, the
+SDK's `NotFoundError`), so one key learns nothing of another's. Owners are recorded on disk
+beside the saves (`store.py`). Without keys (localhost) there is one owner.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
+import hashlib
 import itertools
 import logging
 import os
@@ -31,13 +39,14 @@ from aiohttp import web
 
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.service.backend import Backend, NotFound, UserError, lora_config
-from jaxrl.service.store import check_name
+from jaxrl.service.store import BadPath, check_name, parse_path
 from jaxrl.service.wire import (
     WireError,
     encode_forward_backward_output,
     encode_sample_response,
     parse_forward_backward,
 )
+from jaxrl.service.worker import Worker
 
 log = logging.getLogger("jaxrl.service")
 POLL_S = 30.0  # how long retrieve_future waits before answering try_again
@@ -46,31 +55,88 @@ PROTO = "application/x-protobuf"
 _REQUEST_ID = re.compile(r"req-[0-9a-f]{8}-[0-9]+")
 
 
-class Service:
-    """Routes + futures over a `Backend`; `app()` is the aiohttp application."""
+def owner_of(key: str) -> str:
+    """The owner id of an API key: a hash, so the key itself is never written to disk."""
+    return "owner-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
-    def __init__(self, backend: Backend, api_key: str | None = None):
-        self.backend, self.api_key = backend, api_key
-        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxrl-svc")
-        self.futures: collections.OrderedDict[str, concurrent.futures.Future] = \
-            collections.OrderedDict()
+
+class Service:
+    """Routes + futures over a `Backend`; `app()` is the aiohttp application.
+
+    `api_key` / `api_keys`: the accepted keys, each its own owner (none: no check, one owner).
+    `full_params`: every training client trains all base parameters (one owner only)."""
+
+    def __init__(self, backend: Backend, api_key: str | None = None, *, api_keys=(),
+                 full_params: bool = False):
+        self.backend = backend
+        self.keys = {k: owner_of(k) for k in ([api_key] if api_key else []) + list(api_keys)}
+        if full_params and len(self.keys) > 1:
+            raise ValueError(f"full-parameter mode serves a single owner; got {len(self.keys)} "
+                             "API keys")
+        self.full_params = full_params
+        self.worker = Worker()  # batches queued forward_backward requests of any clients
+        # request id -> (future, owner)
+        self.futures: collections.OrderedDict[str, tuple] = collections.OrderedDict()
         self.sessions: set[str] = set()
-        self.samplers: dict[str, str | None] = {}  # sampling session -> weights path (None: base)
+        self.samplers: dict[str, tuple] = {}  # session -> (weights path or None: base, owner)
+        self.model_owner: dict[str, str | None] = {}
         self._ids = itertools.count()
 
     # ----------------------------------------------------------------------------- plumbing
 
-    def submit(self, fn, *args, model_id: str | None = None, **extra) -> web.Response:
+    def submit(self, request, fn, *args, model_id: str | None = None, key=None,
+               **extra) -> web.Response:
+        """Queue `fn(*args)`; with a batch `key`, `fn([arg, ...])` of all queued jobs of that key
+        (`Worker.submit_many`). `model_id` is the job's lane: one client's jobs keep their order."""
         request_id = f"req-{self.backend.epoch}-{next(self._ids)}"
-        self.futures[request_id] = self.worker.submit(fn, *args)
+        job = (self.worker.submit(fn, *args, lane=model_id) if key is None
+               else self.worker.submit_many(fn, args[0], key, lane=model_id))
+        self.futures[request_id] = (job, self._owner(request))
         while len(self.futures) > KEEP_FUTURES:
             self.futures.popitem(last=False)
         return web.json_response({"request_id": request_id, "model_id": model_id, **extra})
 
+    def _owner(self, request) -> str | None:
+        """The owner of the request's key (None without keys; the middleware checked it)."""
+        return self.keys.get(request.headers.get("X-API-Key"))
+
+    def _allowed(self, request, owner: str | None) -> bool:
+        return not self.keys or owner == self._owner(request)
+
+    def _owner_of_model(self, model_id: str) -> tuple[bool, str | None]:
+        """(known, owner) of a training client of this run or, from the store, an earlier one."""
+        if model_id in self.model_owner:
+            return True, self.model_owner[model_id]
+        if self.backend.store is not None:
+            return self.backend.store.owner(model_id)
+        return False, None
+
+    def _model(self, request, model_id):
+        """The caller's live training client; another owner's answers as an unknown one."""
+        if model_id in self.backend.models and self._allowed(
+                request, self.model_owner.get(model_id)):
+            return self.backend.models[model_id]
+        mine = sorted(m for m in self.backend.models
+                      if self._allowed(request, self.model_owner.get(m)))
+        raise NotFound(f"unknown model_id {model_id!r}; this server holds {mine or 'no models'}"
+                       " for you (training clients do not survive a server restart: create "
+                       "one and load_state a saved path)")
+
+    def _snapshot(self, request, path: str):
+        """Saved weights by path, if the caller owns the training client that saved them."""
+        if self.keys:
+            try:
+                known, owner = self._owner_of_model(parse_path(path)[0])
+            except BadPath:
+                known, owner = False, None
+            if not known or owner != self._owner(request):
+                raise NotFound(f"unknown weights path {path!r}")
+        return self.backend.snapshot(path)
+
     @web.middleware
     async def middleware(self, request: web.Request, handler):
-        if self.api_key is not None and request.headers.get("X-API-Key") != self.api_key:
-            return web.json_response({"error": "missing or wrong X-API-Key"}, status=401)
+        if self.keys and request.headers.get("X-API-Key") not in self.keys:
+            return web.json_response({"error": "missing or unknown X-API-Key"}, status=401)
         try:
             return await handler(request)
         except NotFound as e:
@@ -81,7 +147,9 @@ class Service:
 
     async def retrieve_future(self, request: web.Request) -> web.Response:
         body = await request.json()
-        fut = self.futures.get(body["request_id"])
+        fut, owner = self.futures.get(body["request_id"], (None, None))
+        if fut is not None and not self._allowed(request, owner):
+            raise NotFound(f"unknown request_id {body['request_id']!r}")
         if fut is None and _REQUEST_ID.fullmatch(str(body["request_id"])):
             # accepted by an earlier run of this server (or long forgotten): 410 makes the SDK
             # raise RetryableException, which a sampling client answers by sending it again
@@ -132,10 +200,11 @@ class Service:
 
     async def get_info(self, request):
         body = await request.json()
-        m = self.backend.get(body["model_id"])
+        m = self._model(request, body["model_id"])
         return web.json_response({
-            "type": "get_info", "model_id": m.model_id, "is_lora": True,
-            "lora_rank": m.lora.rank, "model_name": self.backend.name,
+            "type": "get_info", "model_id": m.model_id, "is_lora": m.lora is not None,
+            "lora_rank": None if m.lora is None else m.lora.rank,
+            "model_name": self.backend.name,
             "model_data": {"arch": self.backend.cfg.architecture,
                            "model_name": self.backend.name, "tokenizer_id": None}})
 
@@ -145,19 +214,27 @@ class Service:
         body = await request.json()
         self._check_base(body["base_model"])
         lc = body.get("lora_config") or {}
-        if "rank" not in lc:
+        if "rank" not in lc and not self.full_params:
             raise UserError("create_model: this server trains LoRA adapters only; pass "
                             "lora_config with a rank (create_lora_training_client)")
         opt = (body.get("optimizer_config") or {}).get("type", "adamw")
         if opt != "adamw":
             raise UserError(f"optimizer {opt!r} is not supported (adamw only)")
-        cfg = lora_config(lc["rank"], lc.get("train_attn", True), lc.get("train_mlp", True))
+        if self.full_params:  # the LoRA request (rank, targets) trains every base parameter
+            create = self.backend.create_full
+        else:
+            cfg = lora_config(lc["rank"], lc.get("train_attn", True), lc.get("train_mlp", True))
+            create = lambda: self.backend.create(cfg, seed=lc.get("seed"))
+        owner = self._owner(request)
 
         def run():
-            return {"type": "create_model",
-                    "model_id": self.backend.create(cfg, seed=lc.get("seed"))}
+            model_id = create()
+            self.model_owner[model_id] = owner
+            if self.backend.store is not None:
+                self.backend.store.save_owner(model_id, owner)
+            return {"type": "create_model", "model_id": model_id}
 
-        return self.submit(run)
+        return self.submit(request, run)
 
     def _check_base(self, name):
         if name != self.backend.name:
@@ -166,26 +243,28 @@ class Service:
 
     async def forward_backward(self, request):
         req = parse_forward_backward(await request.read())
+        self._model(request, req.model_id)
         self.backend.check(req)
 
-        def run():
-            outputs, metrics = self.backend.forward_backward(req)
-            return encode_forward_backward_output(outputs, metrics)
+        def run(reqs):  # this request and the compatible ones queued with it, in one step
+            return [encode_forward_backward_output(outputs, metrics)
+                    for outputs, metrics in self.backend.forward_backward_many(reqs)]
 
-        return self.submit(run, model_id=req.model_id)
+        return self.submit(request, run, req, model_id=req.model_id,
+                           key=self.backend.batch_key(req))
 
     async def optim_step(self, request):
         body = await request.json()
-        self.backend.get(body["model_id"])
+        self._model(request, body["model_id"])
         if "adam_params" not in body:
             raise UserError("optim_step: only AdamParams are supported")
         adam = body["adam_params"]
-        return self.submit(lambda: {"metrics": self.backend.optim_step(body["model_id"], adam)},
-                           model_id=body["model_id"])
+        step = lambda: {"metrics": self.backend.optim_step(body["model_id"], adam)}
+        return self.submit(request, step, model_id=body["model_id"])
 
     async def save_weights(self, request):
         body = await request.json()
-        self.backend.get(body["model_id"])
+        self._model(request, body["model_id"])
         if body.get("path") is not None:
             check_name(body["path"], "save_state name")
 
@@ -193,82 +272,84 @@ class Service:
             path = self.backend.save(body["model_id"], "weights", body.get("path"), True)
             return {"type": "save_weights", "path": path}
 
-        return self.submit(run, model_id=body["model_id"])
+        return self.submit(request, run, model_id=body["model_id"])
 
     async def load_weights(self, request):
         body = await request.json()
         if body.get("model_id") is None:
             raise UserError("load_weights: create the training client first (load_state on it)")
-        self.backend.get(body["model_id"])
-        self.backend.snapshot(body["path"])
+        self._model(request, body["model_id"])
+        self._snapshot(request, body["path"])
 
         def run():
             self.backend.load_state(body["model_id"], body["path"], bool(body.get("optimizer")))
             return {"type": "load_weights", "path": body["path"], "model_id": body["model_id"]}
 
-        return self.submit(run, model_id=body["model_id"])
+        return self.submit(request, run, model_id=body["model_id"])
 
     async def save_weights_for_sampler(self, request):
         body = await request.json()
-        self.backend.get(body["model_id"])
+        self._model(request, body["model_id"])
         name = body.get("path")
         if name is not None:
             check_name(name, "save_weights_for_sampler name")
+        owner = self._owner(request)
 
         def run():
             path = self.backend.save(body["model_id"], "sampler_weights", name, False)
             if name is not None:
                 return {"type": "save_weights_for_sampler", "path": path}
-            sid = self._new_sampler(path)
+            sid = self._new_sampler(path, owner)
             return {"type": "save_weights_for_sampler", "sampling_session_id": sid}
 
-        return self.submit(run, model_id=body["model_id"])
+        return self.submit(request, run, model_id=body["model_id"])
 
     # ----------------------------------------------------------------------------- sampling
 
-    def _new_sampler(self, path: str | None) -> str:
+    def _new_sampler(self, path: str | None, owner: str | None) -> str:
         sid = f"sampler-{uuid.uuid4().hex[:12]}"
         if self.backend.store is not None:
-            self.backend.store.save_sampler(sid, path)
-        self.samplers[sid] = path
+            self.backend.store.save_sampler(sid, path, owner)
+        self.samplers[sid] = (path, owner)
         return sid
 
-    def _sampler(self, sid: str) -> str | None:
-        """The weights path of a sampling session (None: the base model); sessions made by an
-        earlier run of the server come from its store."""
+    def _sampler(self, request, sid: str) -> str | None:
+        """The weights path of the caller's sampling session (None: the base model); sessions
+        made by an earlier run of the server come from its store."""
         if sid not in self.samplers and self.backend.store is not None:
-            known, path = self.backend.store.sampler(sid)
-            if known:
-                self.samplers[sid] = path
-        if sid not in self.samplers:
+            record = self.backend.store.sampler(sid)
+            if record is not None:
+                self.samplers[sid] = (record["model_path"], record["owner"])
+        if sid not in self.samplers or not self._allowed(request, self.samplers[sid][1]):
             raise NotFound(f"unknown sampler {sid!r}")
-        return self.samplers[sid]
+        return self.samplers[sid][0]
 
     async def create_sampling_session(self, request):
         body = await request.json()
         path = body.get("model_path")
         if path is not None:
-            self.backend.snapshot(path)
+            self._snapshot(request, path)
         else:
             self._check_base(body.get("base_model"))
+        sid = self._new_sampler(path, self._owner(request))
         return web.json_response({"type": "create_sampling_session",
-                                  "sampling_session_id": self._new_sampler(path)})
+                                  "sampling_session_id": sid})
 
     async def get_sampler(self, request):
         sid = request.match_info["sid"]
         return web.json_response({"sampler_id": sid, "base_model": self.backend.name,
-                                  "model_path": self._sampler(sid)})
+                                  "model_path": self._sampler(request, sid)})
 
     async def asample(self, request):
         body = await request.json()
         if body.get("sampling_session_id") is not None:
-            path = self._sampler(body["sampling_session_id"])
+            path = self._sampler(request, body["sampling_session_id"])
         elif body.get("model_path") is not None:
             path = body["model_path"]
         else:
             self._check_base(body.get("base_model"))
             path = None
-        snap = None if path is None else self.backend.snapshot(path)
+        snap = None if path is None else self._snapshot(request, path)
         for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             if body.get(key):
                 raise UserError(f"sample: {key} is not supported by this server")
@@ -287,7 +368,7 @@ class Service:
                 [(c.tokens, c.logprobs, c.finish_reason) for c in done], plp)
 
         seq_ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(n)]
-        return self.submit(run, sample_sequence_ids=seq_ids)
+        return self.submit(request, run, sample_sequence_ids=seq_ids)
 
     # ------------------------------------------------------------------------------ the app
 

@@ -5,7 +5,10 @@ Layout under the server's state directory (`--state-dir`):
     weights/<model_id>/<kind>/<name>.npz   one saved state or sampler weights (kind: "weights" |
                                            "sampler_weights"), addressed as
                                            tinker://<model_id>/<kind>/<name>
-    samplers/<session_id>.json             the weights path a sampling session samples from
+    samplers/<session_id>.json             the weights path a sampling session samples from (and
+                                           the owner that made it, when keys are set)
+    owners/<model_id>.json                 the owner of a training client, and so of every weights
+                                           path under tinker://<model_id>/ (when keys are set)
 
 Every file is written whole or not at all: to a temporary name in the same directory, flushed and
 fsynced, renamed over the final name (`os.replace` is atomic on POSIX), and the directory fsynced so
@@ -119,18 +122,35 @@ class Store:
         shapes = like(meta)
         return meta, {p: _unflat(p + "/", arrays, shapes[p]) for p in sorted(prefixes)}
 
-    def save_sampler(self, session_id: str, path: str | None) -> None:
+    def save_sampler(self, session_id: str, path: str | None, owner: str | None = None) -> None:
         check_name(session_id, "sampling session id")
         atomic_write(self.root / "samplers" / f"{session_id}.json",
-                     json.dumps({"model_path": path}).encode())
+                     json.dumps({"model_path": path, "owner": owner}).encode())
 
-    def sampler(self, session_id: str) -> tuple[bool, str | None]:
-        """(known, weights path or None for the base model)."""
+    def sampler(self, session_id: str) -> dict | None:
+        """{"model_path": weights path or None for the base model, "owner": ...}, or None if
+        the session is unknown."""
         try:
             check_name(session_id, "sampling session id")
         except BadPath:
-            return False, None
+            return None
         file = self.root / "samplers" / f"{session_id}.json"
         if not file.exists():
+            return None
+        return {"owner": None, **json.loads(file.read_text())}
+
+    def save_owner(self, model_id: str, owner: str | None) -> None:
+        check_name(model_id, "model_id")
+        atomic_write(self.root / "owners" / f"{model_id}.json",
+                     json.dumps({"owner": owner}).encode())
+
+    def owner(self, model_id: str) -> tuple[bool, str | None]:
+        """(known, owner) of a training client made by this or an earlier run."""
+        try:
+            check_name(model_id, "model_id")
+        except BadPath:
             return False, None
-        return True, json.loads(file.read_text())["model_path"]
+        file = self.root / "owners" / f"{model_id}.json"
+        if not file.exists():
+            return False, None
+        return True, json.loads(file.read_text())["owner"]
