@@ -203,6 +203,16 @@ class Backend:
                                               zeros, lora.zeros_like(adapters))
         return model_id
 
+    def create_full(self) -> str:
+        """A full-parameter training client (the server's `--full-params` mode): its `adapters`
+        are a copy of every base parameter and `lora` is None, so `lora.join(base, adapters)` is
+        that copy and the same loss, Adam, save and sampling paths train and serve all of it."""
+        params = jax.tree.map(jnp.copy, self.base)
+        model_id = f"run-{self.epoch}-{next(self._ids)}"
+        self.models[model_id] = TrainingModel(model_id, None, self.base_graphdef, params,
+                                              lora.zeros_like(params), lora.zeros_like(params))
+        return model_id
+
     def get(self, model_id: str) -> TrainingModel:
         if model_id not in self.models:
             raise NotFound(f"unknown model_id {model_id!r}; this server holds "
@@ -308,7 +318,7 @@ class Backend:
             if with_optimizer:
                 trees.update(mu=snap.mu, nu=snap.nu)
             lc = m.lora
-            meta = {"base_model": self.name, "steps": m.steps, "lora": {
+            meta = {"base_model": self.name, "steps": m.steps, "lora": None if lc is None else {
                 "rank": lc.rank, "alpha": lc.alpha, "targets": list(lc.targets),
                 "rslora": lc.rslora}}
             self.store.save_weights(path, meta, trees)
@@ -331,7 +341,7 @@ class Backend:
         if meta["base_model"] != self.name:
             raise UserError(f"{path} was trained on base model {meta['base_model']!r}; this "
                             f"server serves {self.name!r}")
-        lc = LoraConfig(**{**meta["lora"], "targets": tuple(meta["lora"]["targets"])})
+        lc = _saved_lora(meta)
         put = lambda t: None if t is None else jax.tree.map(jnp.asarray, t)
         snap = Snapshot(lc, self._graph(lc), put(trees["adapters"]), put(trees.get("mu")),
                         put(trees.get("nu")), int(meta["steps"]))
@@ -339,8 +349,11 @@ class Backend:
         return snap
 
     def _saved_shapes(self, meta: dict) -> dict:
-        lc = LoraConfig(**{**meta["lora"], "targets": tuple(meta["lora"]["targets"])})
-        shapes = jax.eval_shape(functools.partial(self._init_adapters, lc, 0))
+        lc = _saved_lora(meta)
+        if lc is None:  # a full-parameter save: every base parameter
+            shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.base)
+        else:
+            shapes = jax.eval_shape(functools.partial(self._init_adapters, lc, 0))
         return {"adapters": shapes, "mu": shapes, "nu": shapes}
 
     def load_state(self, model_id: str, path: str, with_optimizer: bool) -> None:
@@ -390,6 +403,12 @@ class Backend:
 
     def info(self) -> dict:
         return {"model_name": self.name, "max_context_length": self.max_len}
+
+
+def _saved_lora(meta: dict) -> LoraConfig | None:
+    """The LoRA config a save was made with (None: full parameters)."""
+    lc = meta["lora"]
+    return None if lc is None else LoraConfig(**{**lc, "targets": tuple(lc["targets"])})
 
 
 @functools.cache
