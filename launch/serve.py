@@ -1,5 +1,6 @@
 """Serve a base model over the Tinker protocol: `python launch/serve.py --base-model DIR_OR_ID
-[--host 127.0.0.1] [--port 8000] [--api-key tml-...] [--state-dir DIR]`.
+[--host 127.0.0.1] [--port 8000] [--api-key tml-... | --api-keys FILE] [--full-params]
+[--state-dir DIR]`.
 
 Scripts written against the `tinker` SDK then use `tinker.ServiceClient(base_url=URL,
 api_key=KEY)`; see docs/service.md. Needs the `service` extra (`pip install 'jaxrl[service]'`).
@@ -23,6 +24,12 @@ def parse(argv):
     p.add_argument("--api-key", default=None,
                    help="required on every request (X-API-Key); needed when --host is not local. "
                         "The SDK insists on a key starting with 'tml-'")
+    p.add_argument("--api-keys", default=None, metavar="FILE",
+                   help="per-client credentials: one key per line ('#' comments), each its own "
+                        "owner; a key never sees another's models, weights, samplers or futures")
+    p.add_argument("--full-params", action="store_true",
+                   help="every training client trains all base parameters (the SDK's LoRA "
+                        "request is taken as a request to train the model); one owner only")
     p.add_argument("--max-len", type=int, default=1024, help="longest sequence (tokens)")
     p.add_argument("--num-slots", type=int, default=8, help="concurrent samples per engine")
     p.add_argument("--max-batch-tokens", type=int, default=65536,
@@ -40,8 +47,28 @@ def parse(argv):
     for name in ("max_len", "num_slots", "max_batch_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.host not in LOCAL and not args.api_key:
-        p.error(f"--host {args.host} exposes the service beyond this machine: set --api-key")
+    args.keys = [args.api_key] if args.api_key else []
+    if args.api_keys is not None:
+        try:
+            lines = open(args.api_keys).read().splitlines()
+        except OSError as e:
+            p.error(f"--api-keys {args.api_keys}: {e.strerror}")
+        for n, line in enumerate(lines, 1):
+            key = line.split("#", 1)[0].strip()
+            if key and (not key.startswith("tml-") or " " in key):
+                p.error(f"--api-keys {args.api_keys} line {n}: a key is one word starting with "
+                        f"'tml-' (the SDK refuses others), got {key[:8]!r}...")
+            if key:
+                args.keys.append(key)
+        if not args.keys:
+            p.error(f"--api-keys {args.api_keys} holds no keys")
+    if len(set(args.keys)) != len(args.keys):
+        p.error("--api-key / --api-keys: the same key is given twice")
+    if args.full_params and len(args.keys) > 1:
+        p.error(f"--full-params serves a single owner; got {len(args.keys)} keys")
+    if args.host not in LOCAL and not args.keys:
+        p.error(f"--host {args.host} exposes the service beyond this machine: set --api-key or "
+                "--api-keys")
     return args
 
 
@@ -63,7 +90,8 @@ def main(argv) -> int:
     except (ConfigError, OSError, ValueError) as e:
         print(f"error: --base-model {args.base_model}: {e}", file=sys.stderr)
         return 2
-    serve(Service(backend, api_key=args.api_key), args.host, args.port)
+    serve(Service(backend, api_keys=args.keys, full_params=args.full_params), args.host,
+          args.port)
     return 0
 
 

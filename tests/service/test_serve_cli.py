@@ -34,3 +34,18 @@ def test_serves_and_prints_its_url(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_api_keys_file_is_checked_before_jax(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("tml-alice\n# a comment\ntml-bob  # bob's\n")
+    code = ("import runpy, sys\nsys.argv = ['serve.py', '--base-model', 'tiny', '--api-keys', "
+            f"{str(keys)!r}, '--full-params']\ntry:\n    runpy.run_path({str(SERVE)!r}, "
+            "run_name='__main__')\nexcept SystemExit as e:\n    print('exit', e.code, 'jax' in "
+            "sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "exit 2 False" in out.stdout, out
+    assert "--full-params serves a single owner; got 2 keys" in out.stderr
+    keys.write_text("tml-alice\nnot-a-tml-key\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "line 2: a key is one word starting with 'tml-'" in out.stderr, out
