@@ -287,6 +287,11 @@ class GenerateConfig:
     # output channel, weight-only; the trainer keeps its precision; behaviour logprobs come from
     # the int8 policy, so pair it with an off-policy correction such as train.correction)
     quantize: Quantize = "none"
+    # for tests and benchmarks only: an artificially slow generator. Each decode chunk sleeps
+    # this many seconds divided by the generator's device count (work its chips share evenly, so
+    # it speeds up with chips as a compute-bound generator would; simulated CPU devices share the
+    # host's cores, so their real compute does not). 0 = off.
+    debug_chunk_delay_s: float = 0.0
 
     def __post_init__(self):
         if self.dtype is not None:
@@ -301,6 +306,9 @@ class GenerateConfig:
             raise ConfigError(f"generate.max_len: must be >= 0 (0 = automatic), got {self.max_len}")
         if self.min_tokens < 0:
             raise ConfigError(f"generate.min_tokens: must be >= 0, got {self.min_tokens}")
+        if not (math.isfinite(self.debug_chunk_delay_s) and self.debug_chunk_delay_s >= 0):
+            raise ConfigError(f"generate.debug_chunk_delay_s: must be a finite number >= 0 "
+                              f"(0 = off), got {self.debug_chunk_delay_s}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ConfigError(
                 f"generate: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
@@ -362,6 +370,10 @@ class PipelineConfig:
     # devices pays for the move (the policy of jaxrl/planner/rebalance.py); "off": the configured
     # split for the whole run. --resume starts again from the configured split.
     rebalance: Literal["off", "auto"] = "off"
+    # the policy's patience: steps between two moves (and before the first), and consecutive
+    # steps that must propose the same move before it is made
+    rebalance_min_interval: int = 5
+    rebalance_confirm: int = 3
     # for tests: force a move every this many steps (0: never), alternating between the
     # configured split and `rebalance_to` trainer chips (0: as many) on the devices in reverse
     # order, so that every forced move moves the state to other devices
@@ -375,6 +387,10 @@ class PipelineConfig:
             raise ConfigError(f"pipeline.rebalance_every and pipeline.rebalance_to: must be >= 0 "
                               f"(0 = off / as configured), got {self.rebalance_every} and "
                               f"{self.rebalance_to}")
+        if self.rebalance_min_interval < 0 or self.rebalance_confirm < 1:
+            raise ConfigError(f"pipeline.rebalance_min_interval must be >= 0 and "
+                              f"pipeline.rebalance_confirm >= 1, got "
+                              f"{self.rebalance_min_interval} and {self.rebalance_confirm}")
         if self.max_staleness < 0 or self.max_oversample_rounds < 0:
             raise ConfigError(
                 f"pipeline: max_staleness and max_oversample_rounds must be >= 0, got "

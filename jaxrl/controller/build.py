@@ -238,7 +238,8 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
                                                                           minimum=MIN_BUCKET),
                        mesh=mesh, chunk_steps=cfg.generate.chunk_steps, eos_ids=(eos_id,),
                        version=version, kv_layout=cfg.generate.kv_layout,
-                       page_size=cfg.generate.page_size)
+                       page_size=cfg.generate.page_size,
+                       debug_delay_s=cfg.generate.debug_chunk_delay_s / mesh.size)
     return publisher, engine, Scheduler(engine)
 
 
