@@ -101,10 +101,26 @@ def _loss(adapters, base, tokens_BT, targets_BT, mask_BT, inputs, cfg, *, graphd
 
 @functools.cache
 def _jitted(graphdef, loss: str, backward: bool):
+    """The loss (and gradient) of N adapters at once, `fn(adapters_N, base, tokens_NBT,
+    targets_NBT, mask_NBT, inputs_N, cfg_N)` with `adapters_N` a tuple of N adapter trees:
+    stacked on a leading axis and `jax.vmap`ped with the base shared (`in_axes=None`). Each
+    adapter's loss sums over its own rows only, so its gradient (returned per adapter) is its
+    solo gradient; the base matmuls of all N fold into one (`[N*B*T, E] @ W`) and the adapter
+    matmuls become one batched matmul (`[B*T, in] @ A[n]` per adapter: the segmented multi-LoRA
+    product). With N = 1 the stack is a reshape: nothing is copied."""
     fn = functools.partial(_loss, graphdef=graphdef, loss=loss)
     if backward:
-        return jax.jit(jax.value_and_grad(fn, has_aux=True))
-    return jax.jit(fn)
+        fn = jax.value_and_grad(fn, has_aux=True)
+    many = jax.vmap(fn, in_axes=(0, None, 0, 0, 0, 0, 0))
+
+    def step(adapters_N, base, *batch):
+        out = many(jax.tree.map(lambda *xs: jnp.stack(xs), *adapters_N), base, *batch)
+        if not backward:
+            return out
+        value, grads = out
+        return value, [jax.tree.map(lambda g, j=j: g[j], grads) for j in range(len(adapters_N))]
+
+    return jax.jit(step)
 
 
 _accumulate = jax.jit(lambda acc, g: jax.tree.map(jnp.add, acc, g), donate_argnums=0)
@@ -255,36 +271,68 @@ class Backend:
                 if ids.min() < 0 or ids.max() >= vocab:
                     raise UserError(f"datum {i}: {what} has token ids outside [0, {vocab})")
 
+    def batch_key(self, req: ForwardBackwardRequest) -> tuple:
+        """Requests with equal keys run in one `forward_backward_many` step: same adapter
+        layout, loss and direction, and the same padded batch shape, so each adapter's arithmetic
+        has exactly the shapes it has alone (its results do not depend on its batch-mates)."""
+        return ("forward_backward", self.get(req.model_id).graphdef, req.loss_fn,
+                req.forward_only, *self._padded_shape(req))
+
+    @staticmethod
+    def _padded_shape(req: ForwardBackwardRequest) -> tuple[int, int]:
+        return (next_power_of_two(len(req.data)),
+                next_power_of_two(max(len(d.tokens) for d in req.data), minimum=16))
+
     def forward_backward(self, req: ForwardBackwardRequest):
         """(per-datum outputs, metrics); adds the gradient to the client's accumulator unless
         `req.forward_only`."""
-        m = self.get(req.model_id)
-        fn, required, optional, defaults = LOSSES[req.loss_fn]
-        b = next_power_of_two(len(req.data))
-        t = next_power_of_two(max(len(d.tokens) for d in req.data), minimum=16)
-        tokens = np.zeros((b, t), np.int32)
-        targets = np.zeros((b, t), np.int32)
-        mask = np.zeros((b, t), np.float32)
-        inputs = {k: np.zeros((b, t), np.float32) for k in (*required, *optional)}
-        for i, d in enumerate(req.data):
-            n = len(d.tokens)
-            tokens[i, :n], targets[i, :n], mask[i, :n] = d.tokens, d.inputs["target_tokens"], 1
-            for k in optional:
-                inputs[k][i, :n] = d.inputs.get(k, optional[k])
-            for k in required:
-                inputs[k][i, :n] = d.inputs[k]
-        cfg = {k: jnp.float32(req.config.get(k, v)) for k, v in defaults.items()}
-        args = (m.adapters, self.base, tokens, targets, mask, inputs, cfg)
-        if req.forward_only:
-            loss, (logp, per_tok) = _jitted(m.graphdef, req.loss_fn, False)(*args)
+        return self.forward_backward_many([req])[0]
+
+    def forward_backward_many(self, reqs: list[ForwardBackwardRequest]) -> list:
+        """`forward_backward` of several requests (equal `batch_key`s; any clients, the same
+        client more than once) in one jitted step; results in order, each what the request gets
+        alone. Gradients are added to the accumulators in request order. The adapter axis is
+        padded to a power of two (repeats of the first request, discarded) to bound compiles."""
+        if len({self.batch_key(r) for r in reqs}) != 1:
+            raise ValueError("forward_backward_many needs requests with one batch_key")
+        models = [self.get(r.model_id) for r in reqs]
+        loss_fn, forward_only = reqs[0].loss_fn, reqs[0].forward_only
+        _, required, optional, defaults = LOSSES[loss_fn]
+        n = next_power_of_two(len(reqs))
+        b, t = self._padded_shape(reqs[0])
+        tokens = np.zeros((n, b, t), np.int32)
+        targets = np.zeros((n, b, t), np.int32)
+        mask = np.zeros((n, b, t), np.float32)
+        inputs = {k: np.zeros((n, b, t), np.float32) for k in (*required, *optional)}
+        cfg = {k: np.zeros(n, np.float32) for k in defaults}
+        for j in range(n):
+            req = reqs[j if j < len(reqs) else 0]
+            for i, d in enumerate(req.data):
+                m = len(d.tokens)
+                tokens[j, i, :m], targets[j, i, :m] = d.tokens, d.inputs["target_tokens"]
+                mask[j, i, :m] = 1
+                for k in optional:
+                    inputs[k][j, i, :m] = d.inputs.get(k, optional[k])
+                for k in required:
+                    inputs[k][j, i, :m] = d.inputs[k]
+            for k, v in defaults.items():
+                cfg[k][j] = req.config.get(k, v)
+        picks = tuple(models[j if j < len(reqs) else 0].adapters for j in range(n))
+        args = (picks, self.base, tokens, targets, mask, inputs, cfg)
+        if forward_only:
+            loss, (logp, per_tok) = _jitted(models[0].graphdef, loss_fn, False)(*args)
         else:
-            (loss, (logp, per_tok)), grads = _jitted(m.graphdef, req.loss_fn, True)(*args)
-            m.grads = grads if m.grads is None else _accumulate(m.grads, grads)
-        logp, per_tok = np.asarray(logp), np.asarray(per_tok)
-        outputs = [{"logprobs": logp[i, :len(d.tokens)].astype(np.float32),
-                    "elementwise_loss": per_tok[i, :len(d.tokens)].astype(np.float32)}
-                   for i, d in enumerate(req.data)]
-        return outputs, {"loss:sum": float(loss)}
+            (loss, (logp, per_tok)), grads = _jitted(models[0].graphdef, loss_fn, True)(*args)
+            for m, g in zip(models, grads, strict=False):  # padding's gradients dropped
+                m.grads = g if m.grads is None else _accumulate(m.grads, g)
+        loss, logp, per_tok = np.asarray(loss), np.asarray(logp), np.asarray(per_tok)
+        results = []
+        for j, req in enumerate(reqs):
+            outputs = [{"logprobs": logp[j, i, :len(d.tokens)].astype(np.float32),
+                        "elementwise_loss": per_tok[j, i, :len(d.tokens)].astype(np.float32)}
+                       for i, d in enumerate(req.data)]
+            results.append((outputs, {"loss:sum": float(loss[j])}))
+        return results
 
     def optim_step(self, model_id: str, adam: dict) -> dict:
         m = self.get(model_id)

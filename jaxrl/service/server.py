@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import hashlib
 import itertools
 import logging
@@ -47,6 +46,7 @@ from jaxrl.service.wire import (
     encode_sample_response,
     parse_forward_backward,
 )
+from jaxrl.service.worker import Worker
 
 log = logging.getLogger("jaxrl.service")
 POLL_S = 30.0  # how long retrieve_future waits before answering try_again
@@ -74,7 +74,7 @@ class Service:
             raise ValueError(f"full-parameter mode serves a single owner; got {len(self.keys)} "
                              "API keys")
         self.full_params = full_params
-        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxrl-svc")
+        self.worker = Worker()  # batches queued forward_backward requests of any clients
         # request id -> (future, owner)
         self.futures: collections.OrderedDict[str, tuple] = collections.OrderedDict()
         self.sessions: set[str] = set()
@@ -84,9 +84,13 @@ class Service:
 
     # ----------------------------------------------------------------------------- plumbing
 
-    def submit(self, request, fn, *args, model_id: str | None = None, **extra) -> web.Response:
+    def submit(self, request, fn, *args, model_id: str | None = None, key=None,
+               **extra) -> web.Response:
+        """Queue `fn(*args)`; with a batch `key`, `fn([arg, ...])` of all queued jobs of that key
+        (`Worker.submit_many`). `model_id` is the job's lane: one client's jobs keep their order."""
         request_id = f"req-{self.backend.epoch}-{next(self._ids)}"
-        job = self.worker.submit(fn, *args)
+        job = (self.worker.submit(fn, *args, lane=model_id) if key is None
+               else self.worker.submit_many(fn, args[0], key, lane=model_id))
         self.futures[request_id] = (job, self._owner(request))
         while len(self.futures) > KEEP_FUTURES:
             self.futures.popitem(last=False)
@@ -242,11 +246,12 @@ class Service:
         self._model(request, req.model_id)
         self.backend.check(req)
 
-        def run():
-            outputs, metrics = self.backend.forward_backward(req)
-            return encode_forward_backward_output(outputs, metrics)
+        def run(reqs):  # this request and the compatible ones queued with it, in one step
+            return [encode_forward_backward_output(outputs, metrics)
+                    for outputs, metrics in self.backend.forward_backward_many(reqs)]
 
-        return self.submit(request, run, model_id=req.model_id)
+        return self.submit(request, run, req, model_id=req.model_id,
+                           key=self.backend.batch_key(req))
 
     async def optim_step(self, request):
         body = await request.json()
