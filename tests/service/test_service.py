@@ -77,7 +77,7 @@ def test_supervised_lowers_loss_and_sampling_matches_jaxrl_engine(server, client
                     include_prompt_logprobs=True).result()
     # the same weights through jaxrl's own engine, same engine shape, same seed: bit-equal
     backend = server.service.backend
-    snap = backend.snapshots[server.service.samplers[sc._sampling_session_id]]
+    snap = backend.snapshots[server.service.samplers[sc._sampling_session_id][0]]
     model = nnx.merge(snap.graphdef, lora.join(backend.base, snap.adapters))
     engine = JaxEngine(model, num_slots=4, max_len=64, eos_ids=backend.eos_ids)
     ref = gen_api.sample(engine, [prompt], SamplingParams(max_tokens=10, seed=11, n=3))
