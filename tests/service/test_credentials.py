@@ -33,6 +33,7 @@ def raw(url, key, call):
     return asyncio.run(go())
 
 
+@pytest.mark.slow  # ~75 s on 2 shared vCPUs (compiles the tiny model's train and sample steps)
 def test_one_key_cannot_read_or_change_anothers_weights(tmp_path):
     running = Running(Service(Backend.load("tiny", max_len=64, num_slots=4, state_dir=tmp_path),
                               api_keys=[ALICE, BOB]))

@@ -17,6 +17,7 @@ from jaxrl.service.backend import Backend
 from jaxrl.service.server import Running, Service
 
 
+@pytest.mark.slow  # ~80 s on 2 shared vCPUs (compiles the full-model train and sample steps)
 def test_full_params_trains_every_parameter_and_samples_from_them():
     backend = Backend.load("tiny", max_len=64, num_slots=2)
     base = jax.tree.map(np.array, backend.base)
