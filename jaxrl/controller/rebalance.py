@@ -66,31 +66,49 @@ class LiveRebalance:
 
     Each step it feeds the step's measured rates (`pipeline/rollouts_per_s_consumed` and
     `_produced`, per busy second of each role) to the policy (`jaxrl.planner.rebalance.
-    Rebalancer`); a decision is made by moving the trainer (`move_trainer`) and rebuilding the
-    generator on its new mesh (`rebuild_generator(mesh, params, version) -> generator params`,
-    the run's engine, scheduler and publisher), both inside `Pipeline.swap_generator`, where the
-    generator thread is paused between batches and the trainer thread waits. Every decision is
-    logged with its predicted rate, and again with the rate measured on the step after it; the
-    row of the step that moved carries `rebalance/*`, and `pipeline/trainer_chips` /
+    Rebalancer`), except on the steps that compile (the first of the run, the `settle` steps
+    after a move), whose rates say little about the split; a decision is made by moving the trainer
+    (`move_trainer`) and rebuilding the generator on its new mesh (`rebuild_generator(mesh,
+    params, version) -> generator params`, the run's engine, scheduler and publisher), both
+    inside `Pipeline.swap_generator`, where the generator thread is paused between batches and
+    the trainer thread waits.
+
+    A move's measured cost is the time both roles were paused plus the recompilation it causes:
+    how much longer the `settle` steps after it took (`pipeline/step_s`) than the first step
+    after them, the first measured at the new split. Every decision is logged with its predicted
+    rate when made, and again at that step with the rate measured there (samples per second of
+    the step's wall time) and its measured cost;
+    the row of the step that moved carries `rebalance/move_s` and the predictions, the measuring
+    row `rebalance/measured_*` and `rebalance/recompile_s`; `pipeline/trainer_chips` /
     `generator_chips` follow from the next step's row on.
     """
 
     def __init__(self, pipeline_cfg, devices: Sequence[jax.Device], trainer_chips: int, *,
                  trainer_tp: int, generator_tp: int, learner, pipeline, rebuild_generator,
                  fits=None, batch: int = 1):
-        from jaxrl.planner.rebalance import Rebalancer
+        from jaxrl.config.sections import ahead_for
+        from jaxrl.planner.rebalance import RebalanceConfig, Rebalancer
 
         self.cfg, self.devices = pipeline_cfg, list(devices)
         self.tp = (trainer_tp, generator_tp)
         self.learner, self.pipeline, self.rebuild_generator = learner, pipeline, rebuild_generator
         self.fits = fits or (lambda trainer_shape, generator_shape: True)
-        self.configured = trainer_chips
+        self.configured, self.batch = trainer_chips, batch
         self.mirrored = False  # the state is on the devices in reverse order (forced moves)
         self.moves = 0
-        self.policy = Rebalancer(len(self.devices), trainer_chips, mode=pipeline_cfg.mode,
-                                 batch=batch, staleness=max(pipeline_cfg.max_staleness, 1),
+        policy_cfg = RebalanceConfig(min_interval=pipeline_cfg.rebalance_min_interval,
+                                     confirm=pipeline_cfg.rebalance_confirm)
+        self.policy = Rebalancer(len(self.devices), trainer_chips, policy_cfg,
+                                 mode=pipeline_cfg.mode, batch=batch,
+                                 staleness=max(pipeline_cfg.max_staleness, 1),
                                  feasible=self.feasible)
-        self._unmeasured = None  # the last decision, until its measured rate is logged
+        self._unmeasured = None  # the last decision, until its measured effect is logged
+        # after a move, the steps until the first batch of the rebuilt engine is trained on:
+        # the first recompiles the train step; the generator finishes the batch it was making
+        # and those it may run ahead (ahead_for) on the old engine, then compiles the new one
+        self.settle = 2 + ahead_for(pipeline_cfg.mode, pipeline_cfg.max_staleness)
+        self._settling = 1  # steps left that compile; the run's first compiles both roles
+        self._settle_s: list[float] = []  # those steps' seconds, after a move
 
     def feasible(self, trainer_chips: int, generator_chips: int) -> bool:
         """The tp sizes divide both roles, and the memory plan says both fit."""
@@ -102,14 +120,24 @@ class LiveRebalance:
     def __call__(self, steps_done: int, row: dict) -> None:
         from jaxrl.planner.rebalance import Decision
 
-        pol = self.policy
-        pol.observe(row.get("pipeline/rollouts_per_s_consumed", float("nan")),
-                    row.get("pipeline/rollouts_per_s_produced", float("nan")))
+        pol, step_s = self.policy, row.get("pipeline/step_s", float("nan"))
         done = self._unmeasured
-        if done is not None and done.measured_rate is not None:
-            log.info("%s (the step after it)", done.log_line())
-            row["rebalance/measured_samples_per_s"] = done.measured_rate
-            self._unmeasured = None
+        if self._settling:  # its rates are the compiler's; after a move, its time is the cost's
+            self._settling -= 1
+            self._settle_s.append(step_s)
+        else:
+            pol.observe(row.get("pipeline/rollouts_per_s_consumed", float("nan")),
+                        row.get("pipeline/rollouts_per_s_produced", float("nan")))
+            if done is not None and done.measured_rate is not None:
+                done.measured_rate = self.batch / step_s  # samples per second of wall time
+                extra = max(0.0, sum(self._settle_s) - len(self._settle_s) * step_s)
+                pol.add_cost(done, extra)
+                log.info("%s (the %d steps after it took %.2fs more than this one: "
+                         "recompilation)", done.log_line(), len(self._settle_s), extra)
+                row.update({"rebalance/measured_samples_per_s": done.measured_rate,
+                            "rebalance/recompile_s": extra,
+                            "rebalance/measured_cost_s": done.measured_cost_s})
+                self._unmeasured = None
         if steps_done >= self.cfg.steps:
             return
         decision, mirrored = None, self.mirrored
@@ -128,7 +156,7 @@ class LiveRebalance:
             return
         seconds = self.move(decision.new[0], mirrored=mirrored)
         pol.moved(decision, seconds)
-        self._unmeasured = decision
+        self._unmeasured, self._settling, self._settle_s = decision, self.settle, []
         log.info("%s (assumed); the move took %.2fs", decision.log_line(), seconds)
         row.update({"rebalance/move_s": seconds,
                     "rebalance/from_trainer_chips": float(decision.old[0]),

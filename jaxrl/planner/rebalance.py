@@ -16,8 +16,9 @@ trainer consumes `t*T` and the generator produces `g*G` samples per busy second,
 
 `margin` and `confirm` are the hysteresis: a move changes the split only for a gain that rate
 noise does not explain, and moving back needs the same. The cost starts at `cost_s` and becomes
-the measured one after each move (`moved`). Every decision carries its predicted rate, compared
-with the rate measured after it (`Decision.measured_rate`, filled in later).
+the measured one after each move (`moved`, then `add_cost` for what the move costs later: in a
+live run, the first step after it recompiles). Every decision carries its predicted rate, compared
+with the rate first observed after it (`Decision.measured_rate`, filled in later).
 
 `simulate_rebalancing` is a step-level simulation (each step's time from `pipeline_rates` at the
 split, noisy measured rates, a move's cost added to wall time), not the discrete-event
@@ -67,6 +68,8 @@ class Decision:
 
     def log_line(self) -> str:
         meas = "" if self.measured_rate is None else f", measured {self.measured_rate:.3g}/s"
+        if self.measured_cost_s is not None:
+            meas += f", measured cost {self.measured_cost_s:.3g}s"
         return (f"rebalance at step {self.step}: {self.old[0]}:{self.old[1]} -> "
                 f"{self.new[0]}:{self.new[1]}, predicted {self.current_rate:.3g} -> "
                 f"{self.predicted_rate:.3g} samples/s, move cost {self.cost_s:.3g}s{meas}")
@@ -111,7 +114,7 @@ class Rebalancer:
         a = self.cfg.smoothing
         self.t_rate = t if self.t_rate is None else a * t + (1 - a) * self.t_rate
         self.g_rate = g if self.g_rate is None else a * g + (1 - a) * self.g_rate
-        if self.decisions and self.decisions[-1].measured_rate is None and self.since_move >= 1:
+        if self.decisions and self.decisions[-1].measured_rate is None:
             self.decisions[-1].measured_rate = float(min(consumed_per_s, produced_per_s))
         self.since_move += 1
 
@@ -139,6 +142,12 @@ class Rebalancer:
         decision.measured_cost_s = measured_cost_s
         self.split, self.cost_s, self.since_move = decision.new, measured_cost_s, 0
         self.decisions.append(decision)
+
+    def add_cost(self, decision: Decision, extra_s: float) -> None:
+        """The move `decision` also cost `extra_s` after it was made (a live run: the first step
+        after a move recompiles the step and the engine); the next decisions assume the sum."""
+        decision.measured_cost_s = (decision.measured_cost_s or 0.0) + extra_s
+        self.cost_s = decision.measured_cost_s
 
 
 @dataclasses.dataclass
