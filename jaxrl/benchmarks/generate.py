@@ -168,6 +168,14 @@ def run_hf(path, prompts, args) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
+    results = run(args)
+    if args.json:
+        print(json.dumps(results))
+    return 0
+
+
+def run(args) -> dict[str, float]:
+    """The figures of one run (`args` from `_parse`); prints the text report as it goes."""
     import jax
 
     from jaxrl.config import ModelConfig
@@ -237,6 +245,4 @@ def main(argv: list[str]) -> int:
               f"{results['hf_decode_tokens_per_s']:.0f} tok/s decode")
         print(f"ratio jaxrl / transformers: {results['ratio']:.2f}x end to end, "
               f"{results['decode_ratio']:.2f}x decode")
-    if args.json:
-        print(json.dumps(results))
-    return 0
+    return results

@@ -257,10 +257,8 @@ def _decode(args, dtype, interpret, copy_gbps):
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     import jax
-    import jax.numpy as jnp
 
-    platform = jax.default_backend()
-    if platform == "cpu" and not args.smoke:
+    if jax.default_backend() == "cpu" and not args.smoke:
         print(
             "bench.py kernels needs a GPU or TPU (Pallas kernels only interpret on CPU, so "
             "timings would mean nothing). Run it on an accelerator, or pass --smoke for a tiny "
@@ -268,6 +266,23 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    result = run(args, argv)
+    if result is None:
+        return 1
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def run(args, argv: list[str]) -> dict | None:
+    """Correctness, then the prefill and decode figures (`args` from `_parse`); prints the text
+    report as it goes. None (after a message on stderr) when a kernel disagrees with its
+    reference."""
+    import jax
+    import jax.numpy as jnp
+
+    platform = jax.default_backend()
     on_gpu = platform in ("gpu", "cuda", "rocm")
     interpret = platform == "cpu"
     dtype = jnp.float32 if interpret else jnp.bfloat16
@@ -278,7 +293,7 @@ def main(argv: list[str]) -> int:
     failures = _check_correctness(interpret, dtype)
     if failures:
         print(f"correctness FAILED: {failures}; no timings", file=sys.stderr)
-        return 1
+        return None
     copy_gbps = None if interpret else _copy_bandwidth(args.iters)
     if copy_gbps:
         print(f"  measured copy bandwidth: {copy_gbps:.0f} GB/s")
@@ -296,10 +311,7 @@ def main(argv: list[str]) -> int:
     if copy_gbps:
         worst = min(r["pallas/copy"] for r in result["decode"])
         print(f"target decode >= 0.70 of copy bandwidth: worst {worst:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0
+    return result
 
 
 if __name__ == "__main__":

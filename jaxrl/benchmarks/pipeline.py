@@ -124,18 +124,7 @@ def main(argv: list[str]) -> int:
         settings = settings[:1]  # the setting only matters on a CPU backend
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
-    runs: dict[tuple[str, str], list[dict]] = {}
-    with tempfile.TemporaryDirectory(prefix="jaxrl-bench-") as tmp:
-        try:
-            for r in range(args.repeats):
-                for cores in settings:
-                    for mode in modes:
-                        runs.setdefault((cores, mode), []).append(
-                            _run_mode(args, overrides, tmp, mode, cores, tag=str(r)))
-        finally:
-            unpin_default_client()  # a split run pins this process's XLA threads
-    results = {key: {k: float(np.median([f[k] for f in fs])) for k in fs[0]}
-               for key, fs in runs.items()}
+    results, runs = run(args, overrides, modes, settings)
     print(f"pipeline benchmark: {args.steps} steps per mode ({args.warmup} warm-up left out), "
           f"{len(devices)} {devices[0].platform} device(s), config {Path(args.config).name}"
           + (f", median of {args.repeats} interleaved runs each" if args.repeats > 1 else ""))
@@ -160,6 +149,24 @@ def main(argv: list[str]) -> int:
             {f"{cores}/{mode}": {"median": results[cores, mode], "runs": fs}
              for (cores, mode), fs in runs.items()}, indent=1))
     return 0
+
+
+def run(args, overrides: list[str], modes: list[str], settings: list[str]
+        ) -> tuple[dict[tuple[str, str], dict], dict[tuple[str, str], list[dict]]]:
+    """(median figures, every run's figures) per (cpu_cores, mode), the runs interleaved."""
+    runs: dict[tuple[str, str], list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="jaxrl-bench-") as tmp:
+        try:
+            for r in range(args.repeats):
+                for cores in settings:
+                    for mode in modes:
+                        runs.setdefault((cores, mode), []).append(
+                            _run_mode(args, overrides, tmp, mode, cores, tag=str(r)))
+        finally:
+            unpin_default_client()  # a split run pins this process's XLA threads
+    results = {key: {k: float(np.median([f[k] for f in fs])) for k in fs[0]}
+               for key, fs in runs.items()}
+    return results, runs
 
 
 def _run_mode(args, overrides: list[str], tmp: str, mode: str, cores: str, tag: str) -> dict:

@@ -53,6 +53,12 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if "XLA_FLAGS" not in os.environ:
         os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+    print(json.dumps(run(args)))
+    return 0
+
+
+def run(args) -> dict:
+    """The figures of one run (`args` from `_parser()`); prints the text report as it goes."""
     import jax
     import numpy as np
     from flax import nnx
@@ -127,8 +133,7 @@ def main(argv: list[str]) -> int:
           "(median of paired ratios)")
     if args.lora_rank:
         out["lora"] = lora_rows(args, model_cfg, meshes, sync, params)
-    print(json.dumps(out))
-    return 0
+    return out
 
 
 def lora_rows(args, model_cfg, meshes, full_sync, full_params) -> dict:

