@@ -17,6 +17,7 @@ BENCHMARKS = {
     "math": "jaxrl.benchmarks.math",
     "agentic": "jaxrl.benchmarks.agentic",
     "service": "jaxrl.benchmarks.service",
+    "suite": "jaxrl.benchmarks.suite",
     "rl-step": "jaxrl.benchmarks.rl_step",
 }
 
