@@ -19,6 +19,7 @@ BENCHMARKS = {
     "service": "jaxrl.benchmarks.service",
     "suite": "jaxrl.benchmarks.suite",
     "rl-step": "jaxrl.benchmarks.rl_step",
+    "rebalance": "jaxrl.benchmarks.rebalance",
 }
 
 

@@ -1,0 +1,193 @@
+"""`python launch/bench.py rebalance`: a deliberately bad fixed split against `auto` from it.
+
+Both runs start from the same split (`--start T:G`, by default 6:2 of 8 devices; T + G
+simulated CPU devices without an accelerator) with a generator made slow
+(`generate.debug_chunk_delay_s`, split among its devices, so it speeds up with chips): one keeps
+that split (`pipeline.rebalance=off`), the other lets the live policy move devices
+(`pipeline.rebalance=auto`, jaxrl/controller/rebalance.py). Same experiment, same steps, in the
+same process; with `--repeats` the order alternates. Throughput is samples consumed per
+wall-clock second over the steps after `--warmup` (the first compiles): their windows plus the
+moves' pauses, so the auto run pays for its moves and their recompilation inside it. Reported:
+the ratio auto / fixed (median of the paired ratios), each run's trainer idle fraction, and
+every move with its predicted rate, its pause, its recompilation and the rate measured after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from jaxrl.config import PIPELINE_MODES as MODES
+
+MOVE_KEYS = ("rebalance/from_trainer_chips", "rebalance/to_trainer_chips",
+             "rebalance/current_samples_per_s", "rebalance/predicted_samples_per_s",
+             "rebalance/move_s")
+MEASURED_KEYS = ("rebalance/measured_samples_per_s", "rebalance/recompile_s",
+                 "rebalance/measured_cost_s")
+
+
+def _parser() -> argparse.ArgumentParser:
+    root = Path(__file__).resolve().parents[2]
+    p = argparse.ArgumentParser(prog="bench.py rebalance", description=__doc__)
+    p.add_argument("--config", default=str(root / "configs" / "default.py"))
+    p.add_argument("--start", default="6:2", help="the bad split both runs start from, T:G")
+    p.add_argument("--delay", type=float, default=0.8,
+                   help="generate.debug_chunk_delay_s: seconds per decode chunk, split among the "
+                        "generator's devices")
+    p.add_argument("--mode", default="sync", help=f"pipeline.mode (valid: {', '.join(MODES)})")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=1, help="first steps left out (compilation)")
+    p.add_argument("--min-interval", type=int, default=2, help="pipeline.rebalance_min_interval")
+    p.add_argument("--confirm", type=int, default=1, help="pipeline.rebalance_confirm")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="pairs of runs, the order alternating; the ratio is their median")
+    p.add_argument("--out", default=None, help="write the figures as JSON here")
+    return p
+
+
+def parse_split(text: str) -> tuple[int, int]:
+    """"T:G" -> (T, G), both >= 1; a clear error otherwise."""
+    parts = text.split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise SystemExit(f"--start must be T:G with whole numbers >= 1 (e.g. 6:2), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def check_args(args) -> None:
+    """Every argument checked before JAX is imported."""
+    parse_split(args.start)
+    if args.mode not in MODES:
+        raise SystemExit(f"--mode {args.mode!r} is not valid; valid: {list(MODES)}")
+    if not (np.isfinite(args.delay) and args.delay >= 0):
+        raise SystemExit(f"--delay must be a finite number >= 0, got {args.delay}")
+    if args.warmup < 0 or args.steps <= args.warmup:
+        raise SystemExit(f"need 0 <= --warmup < --steps, got warmup {args.warmup}, steps "
+                         f"{args.steps}")
+    if args.repeats < 1 or args.min_interval < 0 or args.confirm < 1:
+        raise SystemExit(f"need --repeats >= 1, --min-interval >= 0, --confirm >= 1; got "
+                         f"{args.repeats}, {args.min_interval}, {args.confirm}")
+
+
+def main(argv: list[str]) -> int:
+    args, overrides = _parser().parse_known_args(argv)
+    check_args(args)
+    t, g = parse_split(args.start)
+    if "XLA_FLAGS" not in os.environ:  # on a CPU backend, T + G simulated devices
+        from jaxrl.cpu import simulated_device_flags
+
+        os.environ["XLA_FLAGS"] = simulated_device_flags(t + g)
+    import jax
+
+    devices = jax.devices()
+    if t + g != len(devices):
+        raise SystemExit(f"--start {args.start} needs {t + g} devices; there are {len(devices)} "
+                         f"({devices[0].platform})")
+    runs: dict[str, list[dict]] = {"fixed": [], "auto": []}
+    with tempfile.TemporaryDirectory(prefix="jaxrl-bench-") as tmp:
+        for r in range(args.repeats):
+            for policy in (("fixed", "auto") if r % 2 == 0 else ("auto", "fixed")):
+                runs[policy].append(_run(args, overrides, tmp, policy, (t, g), tag=str(r)))
+    ratios = [a["samples_per_s"] / f["samples_per_s"]
+              for a, f in zip(runs["auto"], runs["fixed"], strict=True)]
+    report = {"start": args.start, "mode": args.mode, "delay_s": args.delay,
+              "steps": args.steps, "warmup": args.warmup, "devices": len(devices),
+              "platform": devices[0].platform, "ratio_auto_vs_fixed": float(np.median(ratios)),
+              "ratios": ratios, "runs": runs}
+    _print(report, Path(args.config).name)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _run(args, overrides: list[str], tmp: str, policy: str, split: tuple[int, int],
+         tag: str) -> dict:
+    from jaxrl.config import load_config
+    from jaxrl.run import run
+
+    cfg = load_config(args.config, [
+        *overrides, f"--name=rebalance-{policy}-{tag}", f"--run_dir={tmp}",
+        f"--mesh.trainer={split[0]}x1", f"--mesh.generator={split[1]}x1",
+        f"--pipeline.mode={args.mode}", f"--pipeline.steps={args.steps}",
+        f"--pipeline.rebalance={'auto' if policy == 'auto' else 'off'}",
+        f"--pipeline.rebalance_min_interval={args.min_interval}",
+        f"--pipeline.rebalance_confirm={args.confirm}",
+        f"--generate.debug_chunk_delay_s={args.delay}", "--train.checkpoint_every=0",
+    ])
+    t0 = time.perf_counter()
+    history = run(cfg, progress=False, evaluate=False).history
+    return figures(history, args.warmup, cfg.data.prompts_per_step * cfg.data.group_size,
+                   wall_s=time.perf_counter() - t0)
+
+
+def figures(history: list[dict], warmup: int, batch: int, *, wall_s: float = float("nan")
+            ) -> dict:
+    """One run's figures from its metrics rows: samples consumed per second over the steps after
+    `warmup` (their wall-clock windows, `pipeline/step_s`, plus the pauses of the moves made
+    after them, `rebalance/move_s`), the mean trainer idle fraction over them, the final split
+    and every move (with its measured effect, logged on a later row)."""
+    timed = history[warmup:]
+    span = sum(r["pipeline/step_s"] + r.get("rebalance/move_s", 0.0) for r in timed[:-1]) + \
+        timed[-1]["pipeline/step_s"]  # a move after the last step would not be timed
+    moves: list[dict] = []
+    for r in history:  # a measurement belongs to the last move before it
+        if "rebalance/measured_cost_s" in r and moves:
+            moves[-1].update({k.split("/")[1]: r[k] for k in MEASURED_KEYS}, at_step=r["step"])
+        if "rebalance/move_s" in r:
+            moves.append({k.split("/")[1]: r[k] for k in MOVE_KEYS} | {"after_step": r["step"]})
+    out = {"samples_per_s": batch * len(timed) / span, "timed_s": span, "wall_s": wall_s,
+           "trainer_idle": _mean(timed, "pipeline/trainer_idle_frac"),
+           "final_split": [history[-1]["pipeline/trainer_chips"],
+                           history[-1]["pipeline/generator_chips"]],
+           "moves": moves}
+    if moves and "at_step" in moves[-1]:  # the timed steps before the first move, and from the
+        # last move's first settled step on (the settle steps between are left out)
+        before = [r for r in timed if r["step"] <= moves[0]["after_step"]]
+        after = [r for r in timed if r["step"] >= moves[-1]["at_step"]]
+        for name, rows in (("before", before), ("after", after)):
+            out[name] = {"trainer_idle": _mean(rows, "pipeline/trainer_idle_frac"),
+                         "produced_per_s": _mean(rows, "pipeline/rollouts_per_s_produced"),
+                         "samples_per_s": batch * len(rows) / sum(
+                             r["pipeline/step_s"] for r in rows) if rows else float("nan"),
+                         "steps": [r["step"] for r in rows]}
+    return out
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    return float(np.mean([r[key] for r in rows])) if rows else float("nan")
+
+
+def _print(report: dict, config: str) -> None:
+    print(f"rebalance benchmark: {report['steps']} steps ({report['warmup']} warm-up left out), "
+          f"mode {report['mode']}, start {report['start']} of {report['devices']} "
+          f"{report['platform']} devices, generator delay {report['delay_s']} s per chunk, "
+          f"config {config}")
+    for policy, fs in report["runs"].items():
+        for i, f in enumerate(fs):
+            split = ":".join(str(int(x)) for x in f["final_split"])
+            print(f"  {policy:<6} run {i}: {f['samples_per_s']:8.3f} samples/s over "
+                  f"{f['timed_s']:.1f} s, trainer idle {f['trainer_idle']:.1%}, ends at {split}")
+            for m in f["moves"]:
+                line = (f"    move after step {m['after_step']}: {int(m['from_trainer_chips'])} "
+                        f"-> {int(m['to_trainer_chips'])} trainer chips, predicted "
+                        f"{m['current_samples_per_s']:.3g} -> {m['predicted_samples_per_s']:.3g}"
+                        f" samples/s, pause {m['move_s']:.2f} s")
+                if "measured_cost_s" in m:
+                    line += (f", recompilation {m['recompile_s']:.2f} s, cost "
+                             f"{m['measured_cost_s']:.2f} s, measured "
+                             f"{m['measured_samples_per_s']:.3g} samples/s at step {m['at_step']}")
+                print(line)
+            for name in ("before", "after"):
+                if name in f:
+                    b = f[name]
+                    print(f"    {name} the moves (steps {b['steps'][0]}-{b['steps'][-1]}): "
+                          f"{b['samples_per_s']:.3g} samples/s, trainer idle "
+                          f"{b['trainer_idle']:.1%}, generator {b['produced_per_s']:.3g} "
+                          f"samples/s while busy")
+    print(f"auto / fixed throughput: {report['ratio_auto_vs_fixed']:.2f}x "
+          f"(paired ratios: {', '.join(f'{r:.2f}' for r in report['ratios'])})")
