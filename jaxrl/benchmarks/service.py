@@ -4,10 +4,13 @@ Requests/s and tokens/s of `forward_backward` and `sample` three ways, in one pr
 interleaved (one warm-up round first, untimed):
 
     inproc      the backend methods the server's worker runs, called directly (no HTTP, no SDK):
-                the peer, what the service costs on top of the compute
+                the peer, what the service costs on top of the compute; one adapter per step
+    inproc-batch  forward_backward only: the 4 adapters' requests in one batched step each
+                (`Backend.forward_backward_many`, what the worker runs when they are queued)
     http-seq    the official SDK over HTTP, 4 single-adapter runs one after another (each
                 request waits for the one before)
-    http-conc   the same 4 adapters' requests all in flight at once
+    http-conc   the same 4 adapters' requests all in flight at once (the worker batches what is
+                queued; the mean batch size is printed)
 
 Each round, each of `--adapters` LoRA clients sends `--requests` `forward_backward` calls of
 `--batch` sequences x `--seq` tokens (cross-entropy), then `--requests` `sample` calls of
@@ -72,9 +75,10 @@ def main(argv: list[str]) -> int:
         client = tinker.ServiceClient(base_url=running.url, api_key="tml-local")
         tcs = [client.create_lora_training_client(base_model=args.base_model, rank=args.rank,
                                                   seed=i).result() for i in range(args.adapters)]
-        scs = [tc.save_weights_and_get_sampling_client().result() for tc in tcs]
-        snaps = [backend.snapshot(running.service.samplers[sc._sampling_session_id])
-                 for sc in scs]
+        paths = [tc.save_weights_for_sampler(f"bench-{i}").result().path
+                 for i, tc in enumerate(tcs)]
+        scs = [client.create_sampling_client(model_path=path) for path in paths]
+        snaps = [backend.snapshot(path) for path in paths]
         reqs = [ForwardBackwardRequest(
             tc.model_id, 0, "cross_entropy", {}, False,
             [Datum(s[:-1].astype(np.int32), {"target_tokens": s[1:].astype(np.int32)})
@@ -86,6 +90,10 @@ def main(argv: list[str]) -> int:
             for req in reqs:
                 for _ in range(args.requests):
                     backend.forward_backward(req)
+
+        def inproc_fb_batched():
+            for _ in range(args.requests):
+                backend.forward_backward_many(reqs)
 
         def inproc_sample():
             for snap in snaps:
@@ -112,16 +120,26 @@ def main(argv: list[str]) -> int:
             [f.result() for f in futs]
 
         ways = {"inproc": (inproc_fb, inproc_sample),
+                "inproc-batch": (inproc_fb_batched, None),
                 "http-seq": (lambda: http_fb(False), lambda: http_sample(False)),
                 "http-conc": (lambda: http_fb(True), lambda: http_sample(True))}
-        times = {(w, k): [] for w in ways for k in ("fb", "sample")}
+        times = {(w, k): [] for w, fns in ways.items()
+                 for k, fn in zip(("fb", "sample"), fns, strict=True) if fn is not None}
+        worker = running.service.worker
+        conc_steps = conc_jobs = 0  # batched worker steps and the requests they ran (http-conc)
         for rnd in range(args.repeats + 1):
             for way, (fb, sample) in ways.items():
                 for kind, fn in (("fb", fb), ("sample", sample)):
+                    if fn is None:
+                        continue
+                    before = (worker.batched_steps, worker.batched_jobs)
                     t0 = time.perf_counter()
                     fn()
                     if rnd:
                         times[way, kind].append(time.perf_counter() - t0)
+                        if (way, kind) == ("http-conc", "fb"):
+                            conc_steps += worker.batched_steps - before[0]
+                            conc_jobs += worker.batched_jobs - before[1]
         results = {}
         n_req = args.adapters * args.requests
         for (way, kind), ts in times.items():
@@ -132,9 +150,17 @@ def main(argv: list[str]) -> int:
         for kind in ("fb", "sample"):
             base = results[f"inproc/{kind}"]["median_s"]
             for way in ways:
+                if f"{way}/{kind}" not in results:
+                    continue
                 r = results[f"{way}/{kind}"]
                 print(f"{kind:6s} {way:9s} {r['req_s']:7.2f} req/s {r['tok_s']:9.0f} tok/s  "
                       f"x{base / r['median_s']:.2f} of inproc")
+        for a, b in (("inproc-batch", "inproc"), ("http-conc", "http-seq")):
+            ratio = results[f"{b}/fb"]["median_s"] / results[f"{a}/fb"]["median_s"]
+            print(f"forward_backward {a} / {b}: x{ratio:.2f} throughput")
+        results["http-conc/fb"]["mean_batch"] = conc_jobs / conc_steps
+        print(f"http-conc forward_backward: {conc_jobs} requests in {conc_steps} worker steps, "
+              f"mean batch {conc_jobs / conc_steps:.2f}")
         print(f"load after {os.getloadavg()[0]:.1f}")
         if args.json:
             print(json.dumps(results))

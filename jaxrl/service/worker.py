@@ -44,7 +44,7 @@ class Worker:
         self._queue: list[_Job] = []
         self._cv = threading.Condition()
         self._stopped = False
-        self.batch_sizes: list[int] = []  # of every batched call, for tests and benchmarks
+        self.batched_steps = self.batched_jobs = 0  # batchable calls run, jobs they ran
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -94,7 +94,8 @@ class Worker:
                 job = batch[0]
                 _run(job.future, functools.partial(job.fn, *job.args))
                 continue
-            self.batch_sizes.append(len(batch))
+            self.batched_steps, self.batched_jobs = (self.batched_steps + 1,
+                                                     self.batched_jobs + len(batch))
             try:
                 results = batch[0].fn([j.args[0] for j in batch])
                 if len(results) != len(batch):

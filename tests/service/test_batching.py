@@ -143,9 +143,10 @@ def test_two_sdk_clients_train_at_once_in_shared_steps():
         losses_alone = [step([alone], [data(2)])[0] for _ in range(3)]
         a = client.create_lora_training_client(base_model="tiny", rank=4, seed=3).result()
         b = client.create_lora_training_client(base_model="tiny", rank=4, seed=7).result()
-        before = len(worker.batch_sizes)
+        steps, jobs = worker.batched_steps, worker.batched_jobs
         losses = [step([a, b], [data(1), data(2)]) for _ in range(3)]
-        assert worker.batch_sizes[before:] == [2, 2, 2]  # each step: A and B in one batch
+        # each step: A and B in one batch
+        assert (worker.batched_steps - steps, worker.batched_jobs - jobs) == (3, 6)
         la, lb = zip(*losses, strict=True)
         assert la[-1] < la[0] and lb[-1] < lb[0], losses
         np.testing.assert_allclose(lb, losses_alone, rtol=RTOL)
