@@ -105,15 +105,17 @@ def interleave(items: list, rounds: int) -> list[tuple[int, object]]:
 
 
 def venv_specs() -> dict[str, list[str]]:
-    """Pinned requirements per peer. transformers (and jax for Tunix) pinned to this
-    environment's versions so every side reads the saved weights the same way; torch's CPU
-    wheel pinned (an unpinned torch pulls the CUDA build)."""
+    """Pinned requirements per peer. TRL gets this environment's transformers, so both sides
+    read the saved weights the same way, and torch's CPU wheel (an unpinned torch pulls the CUDA
+    build). Tunix 0.1.7 gets this environment's jax / jaxlib / flax; its `safetensors<0.8` rules
+    out transformers >= 5.13 (which needs safetensors >= 0.8), so transformers 5.12.1, what pip
+    resolves for these pins."""
     from importlib.metadata import version
 
     return {
         "trl": ["trl==1.16.0", "torch==2.13.0", f"transformers=={version('transformers')}"],
         "tunix": ["google-tunix==0.1.7", f"jax=={version('jax')}", f"jaxlib=={version('jaxlib')}",
-                  f"transformers=={version('transformers')}"],
+                  f"flax=={version('flax')}", "transformers==5.12.1"],
     }
 
 
