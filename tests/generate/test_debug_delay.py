@@ -19,14 +19,14 @@ def _tokens(engine):
 
 
 def test_each_chunk_sleeps_the_delay_and_generates_the_same_tokens(monkeypatch):
-    model = create_model(tiny_model_config(), seed=0)
-    plain = JaxEngine(model, num_slots=2, max_len=32, chunk_steps=4)
-    slow = JaxEngine(model, num_slots=2, max_len=32, chunk_steps=4, debug_delay_s=0.125)
+    engine = JaxEngine(create_model(tiny_model_config(), seed=0), num_slots=2, max_len=32,
+                       chunk_steps=4)  # one engine, the delay set on it: compiled once
     slept = []
     monkeypatch.setattr(engine_mod.time, "sleep", slept.append)
-    want = _tokens(plain)
+    want = _tokens(engine)
     assert slept == []  # no delay configured: no sleep at all
-    assert _tokens(slow) == want
+    engine.debug_delay_s = 0.125
+    assert _tokens(engine) == want
     # 9 new tokens, the first drawn at insert: 8 decode steps in chunks of 4
     assert slept == [0.125, 0.125]
 
