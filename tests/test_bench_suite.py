@@ -129,7 +129,9 @@ def test_smoke_suite_writes_a_valid_document_that_report_renders(tmp_path):
 
     assert doc["workload"]["prompts_per_step"] == bench_suite.PROMPTS_PER_STEP
     assert doc["workload"]["group_size"] == bench_suite.GROUP_SIZE
-    assert runs["rl_step"]["figures"]["rollouts_per_s"] > 0
+    rl = runs["rl_step"]["figures"]
+    assert rl["rollouts_per_s"] * rl["step_s"] == pytest.approx(
+        bench_suite.PROMPTS_PER_STEP * bench_suite.GROUP_SIZE)  # wall clock, not busy time
     assert runs["train"]["figures"]["tokens_per_s"] * runs["train"]["figures"]["step_s"] == (
         pytest.approx(8 * 64))  # the smoke size's batch x seq
     assert runs["sandbox"]["peer"]["name"].startswith("fresh python3")

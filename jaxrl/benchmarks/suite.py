@@ -375,8 +375,14 @@ def _pipeline_results(ctx):
 
 
 def _rl_figures(f: dict, chips: int) -> dict:
-    return {"step_s": f["step_s"], "rollouts_per_s": f["consumed/s"],
-            "rollouts_per_s_per_chip": f["consumed/s"] / chips,
+    """Wall-clock rollouts/s: the workload's rollouts per step / mean step time (the pipeline's
+    `consumed/s` counts the trainer's busy time only, kept as `trainer_rollouts_per_busy_s`)."""
+    w = workload()
+    rollouts = w["prompts_per_step"] * w["group_size"]
+    return {"step_s": f["step_s"], "rollouts_per_step": rollouts,
+            "rollouts_per_s": rollouts / f["step_s"],
+            "rollouts_per_s_per_chip": rollouts / f["step_s"] / chips,
+            "trainer_rollouts_per_busy_s": f["consumed/s"],
             "trainer_idle_frac": f["trainer_idle"], "generator_idle_frac": f["gen_idle"],
             "weight_sync_gbps": f["sync_GB/s"], "reward_mean": f["reward"],
             "host_cpu_busy": f["host_cpu_busy"]}
