@@ -272,11 +272,16 @@ class Backend:
                     raise UserError(f"datum {i}: {what} has token ids outside [0, {vocab})")
 
     def batch_key(self, req: ForwardBackwardRequest) -> tuple:
-        """Requests with equal keys run in one `forward_backward_many` step: same adapter
-        layout, loss and direction, and the same padded batch shape, so each adapter's arithmetic
-        has exactly the shapes it has alone (its results do not depend on its batch-mates)."""
-        return ("forward_backward", self.get(req.model_id).graphdef, req.loss_fn,
-                req.forward_only, *self._padded_shape(req))
+        """Requests with equal keys run in one `forward_backward_many` call: same adapter
+        layout, loss and direction, and the same padded batch shape, so batch-mates add only the
+        leading adapter axis, never change an adapter's own shapes. A full-parameter client's
+        requests (lora None) get a key of their own: N stacked copies of a whole model are not
+        worth the memory."""
+        m = self.get(req.model_id)
+        if m.lora is None:
+            return ("forward_backward", "alone", id(req))
+        return ("forward_backward", m.graphdef, req.loss_fn, req.forward_only,
+                *self._padded_shape(req))
 
     @staticmethod
     def _padded_shape(req: ForwardBackwardRequest) -> tuple[int, int]:
@@ -290,11 +295,21 @@ class Backend:
 
     def forward_backward_many(self, reqs: list[ForwardBackwardRequest]) -> list:
         """`forward_backward` of several requests (equal `batch_key`s; any clients, the same
-        client more than once) in one jitted step; results in order, each what the request gets
-        alone. Gradients are added to the accumulators in request order. The adapter axis is
-        padded to a power of two (repeats of the first request, discarded) to bound compiles."""
+        client more than once) in as few jitted steps as `max_batch_tokens` allows (padded
+        tokens per step; one request at least); results in order, each what the request gets
+        alone (to f32 tolerance). Gradients are added to the accumulators in request order."""
         if len({self.batch_key(r) for r in reqs}) != 1:
             raise ValueError("forward_backward_many needs requests with one batch_key")
+        b, t = self._padded_shape(reqs[0])
+        per_step = 1 << (max(1, self.max_batch_tokens // (b * t)).bit_length() - 1)
+        results = []
+        for i in range(0, len(reqs), per_step):
+            results += self._step_many(reqs[i:i + per_step])
+        return results
+
+    def _step_many(self, reqs: list[ForwardBackwardRequest]) -> list:
+        """One jitted step of `forward_backward_many`. The adapter axis is padded to a power of
+        two (repeats of the first request, discarded) to bound compiles."""
         models = [self.get(r.model_id) for r in reqs]
         loss_fn, forward_only = reqs[0].loss_fn, reqs[0].forward_only
         _, required, optional, defaults = LOSSES[loss_fn]

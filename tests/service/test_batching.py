@@ -100,6 +100,16 @@ def test_batched_forward_backward_equals_each_adapter_alone():
         assert any(np.abs(np.asarray(g)).max() > 1e-3 for g in got)
         for g_b, g_s in zip(got, jax.tree.leaves(solo_grads[m]), strict=True):
             np.testing.assert_allclose(np.asarray(g_b), np.asarray(g_s), rtol=RTOL, atol=ATOL)
+    # a token budget of one request per step: each runs alone, so results equal solo exactly
+    backend.max_batch_tokens = 2 * 16
+    for (out_b, met_b), (out_s, met_s) in zip(backend.forward_backward_many(reqs), solo,
+                                              strict=True):
+        assert met_b == met_s
+        for o_b, o_s in zip(out_b, out_s, strict=True):
+            np.testing.assert_array_equal(o_b["logprobs"], o_s["logprobs"])
+    # full-parameter clients never share a step (N copies of a whole model)
+    full = backend.create_full()
+    assert backend.batch_key(_request(full, 1)) != backend.batch_key(_request(full, 2))
 
 
 @pytest.mark.slow
