@@ -4,6 +4,7 @@ The model is Qwen2-shaped (hidden 512, 8 layers, 8 heads, 2 kv heads, vocab 3200
 tied embeddings), f32, one sequence length and global batch (default 512 x 16), trained with the
 default GRPO objective (ppo_clip, token_mean) and AdamW. MFU = model FLOPs (6 N + attention, see
 `jaxrl.train.flops`) / (step time x peak FLOP/s of the backend; a measured matmul peak on CPU).
+`--model tiny` times the ~0.8M synthetic-task model instead (quick runs: `bench.py suite` smoke).
 
 With `--vs torch`, the same shapes as a `transformers.Qwen2ForCausalLM` trained with
 `torch.optim.AdamW` on the same batch (on-policy policy-gradient loss, whose gradient equals the
