@@ -130,7 +130,7 @@ def run(size: str, *, name: str | None = None, only: list[str] | None = None,
     from jaxrl.benchmarks.generate import measure_machine
 
     with tempfile.TemporaryDirectory(prefix="jaxrl-suite-xla-") as cache:
-        if not jax.config.jax_compilation_cache_dir:
+        if not getattr(jax.config, "jax_compilation_cache_dir", "unknown"):
             # identical programs compiled again (the RL step's trainer and generator in each
             # pipeline mode) load from this run's cache: only warm-up steps, which no figure
             # counts, get faster
@@ -139,7 +139,7 @@ def run(size: str, *, name: str | None = None, only: list[str] | None = None,
         try:
             return _run(size, name, only, command, measure_machine)
         finally:
-            if jax.config.jax_compilation_cache_dir == cache:
+            if getattr(jax.config, "jax_compilation_cache_dir", None) == cache:
                 jax.config.update("jax_compilation_cache_dir", None)
 
 
