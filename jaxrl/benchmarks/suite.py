@@ -107,6 +107,9 @@ def main(argv: list[str]) -> int:
     except ImportError as e:
         progress(f"suite: not validated ({e})")
     write_json(args.json, doc)
+    from jaxrl.benchmarks.report import markdown_table
+
+    print(markdown_table([doc]))  # the headline figures, for people
     progress(f"suite: wrote {args.json}")
     failed = [k for k, v in doc["benchmarks"].items() if v["status"] == "failed"]
     return 1 if failed else 0
@@ -366,11 +369,17 @@ def _pipeline_results(ctx):
         p = PIPELINE[ctx["size"]]
         argv = ["--config", str(WORKLOAD_CONFIG), "--steps", str(p["steps"]), "--warmup",
                 str(p["warmup"]), "--modes", ",".join(p["modes"]), "--cpu-cores", "shared"]
+        m = ctx["machine"]
+        # one trainer chip and one generator chip; a single-chip machine time-shares its chip
+        colocated = m["backend"] != "cpu" and m["device_count"] < 2
+        if colocated:
+            argv.append("--mesh.colocated=true")
         args, overrides = pipeline._parser().parse_known_args(argv)
         results, _ = pipeline.run(args, overrides, p["modes"], ["shared"])
         cmd = _cmd("pipeline", [a if a != str(WORKLOAD_CONFIG) else "configs/bench_suite.py"
                                 for a in argv])
-        ctx["pipeline"] = ({mode: f for (_, mode), f in results.items()}, cmd)
+        chips = 1 if m["backend"] == "cpu" or colocated else 2
+        ctx["pipeline"] = ({mode: f for (_, mode), f in results.items()}, cmd, chips, colocated)
     return ctx["pipeline"]
 
 
@@ -389,16 +398,16 @@ def _rl_figures(f: dict, chips: int) -> dict:
 
 
 def _rl_step(ctx):
-    # on an accelerator the workload's trainer and generator are two chips; on CPU one host
-    chips = 1 if ctx["machine"]["backend"] == "cpu" else 2
-    by_mode, cmd = _pipeline_results(ctx)
-    figures = {"mode": "sync", "chips": chips, **_rl_figures(by_mode["sync"], chips)}
+    # on an accelerator the workload's trainer and generator are two chips (one time-shared
+    # chip on a single-chip machine); on CPU one host
+    by_mode, cmd, chips, colocated = _pipeline_results(ctx)
+    figures = {"mode": "sync", "chips": chips, "colocated": colocated,
+               **_rl_figures(by_mode["sync"], chips)}
     return figures, None, {}, cmd + " (its sync row)"
 
 
 def _pipeline(ctx):
-    chips = 1 if ctx["machine"]["backend"] == "cpu" else 2
-    by_mode, cmd = _pipeline_results(ctx)
+    by_mode, cmd, chips, _ = _pipeline_results(ctx)
     sync = by_mode["sync"]
     figures = {}
     for mode, f in by_mode.items():
