@@ -71,13 +71,14 @@ def main(argv: list[str]) -> int:
           f"{args.adapters} adapters rank {args.rank}, {args.requests} requests each: "
           f"forward_backward {args.batch}x{args.seq}, sample {args.samples}x{args.max_tokens}; "
           f"load {os.getloadavg()[0]:.1f}")
+    client = None
     try:
         client = tinker.ServiceClient(base_url=running.url, api_key="tml-local")
         tcs = [client.create_lora_training_client(base_model=args.base_model, rank=args.rank,
                                                   seed=i).result() for i in range(args.adapters)]
         paths = [tc.save_weights_for_sampler(f"bench-{i}").result().path
                  for i, tc in enumerate(tcs)]
-        scs = [client.create_sampling_client(model_path=path) for path in paths]
+        scs = [client.create_sampling_client(model_path=path).result() for path in paths]
         snaps = [backend.snapshot(path) for path in paths]
         reqs = [ForwardBackwardRequest(
             tc.model_id, 0, "cross_entropy", {}, False,
@@ -171,5 +172,7 @@ def main(argv: list[str]) -> int:
         if args.json:
             print(json.dumps(results))
     finally:
+        if client is not None:  # the session ends before the server stops
+            client.close("success").result()
         running.stop()
     return 0
