@@ -41,6 +41,11 @@ def _parse(argv):
     p.add_argument("--top-k", type=int, default=50, help="50 = transformers' default")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--attention-impl", choices=["xla", "pallas", "cudnn", "auto"], default="xla",
+                   help="the model's attention_impl (cudnn needs an NVIDIA GPU)")
+    p.add_argument("--hf-device", default="cpu",
+                   help="torch device of the transformers peer, e.g. cuda (then timed with "
+                        "torch.cuda.synchronize)")
     p.add_argument("--quantize", choices=["none", "int8"], default="none",
                    help="int8: also time the int8 generator, interleaved with the plain one")
     p.add_argument("--threads", type=int, default=2, help="torch threads for the peer")
@@ -143,8 +148,10 @@ def run_hf(path, prompts, args) -> dict[str, float]:
 
     torch.set_num_threads(args.threads)
     dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    ids = torch.tensor(prompts)
+    device = torch.device(args.hf_device)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval().to(device)
+    ids = torch.tensor(prompts, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     kw = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=args.temperature,
               top_k=args.top_k, top_p=args.top_p, eos_token_id=None, pad_token_id=0)
     best = None
@@ -154,11 +161,13 @@ def run_hf(path, prompts, args) -> dict[str, float]:
             torch.manual_seed(0)
             start = time.perf_counter()
             out = hf.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, **kw)
+            sync()
             total = time.perf_counter() - start
             assert out.shape[1] == args.prompt + args.new
             # Prefill alone (one forward over the prompts), to split off decode time.
             start = time.perf_counter()
             hf(ids, attention_mask=torch.ones_like(ids))
+            sync()
             prefill = time.perf_counter() - start
             res = {"total_s": total, "decode_s": max(total - prefill, 1e-9)}
             if best is None or total < best["total_s"]:
@@ -186,15 +195,15 @@ def run(args) -> dict[str, float]:
         intermediate_size=args.intermediate, num_layers=args.layers, num_heads=args.heads,
         num_kv_heads=args.kv_heads, qkv_bias=True, tie_embeddings=True,
         max_position_embeddings=max(2048, args.prompt + args.new), dtype=args.dtype,
-        param_dtype=args.dtype, attention_impl="xla",
+        param_dtype=args.dtype, attention_impl=args.attention_impl,
     )
     model = create_model(cfg, seed=0)
     rng = np.random.default_rng(0)
     prompts = rng.integers(0, args.vocab, (args.batch, args.prompt)).tolist()
     tokens = args.batch * args.new
     print(f"generate: qwen2-shaped {param_count(model) / 1e6:.1f}M params, batch {args.batch}, "
-          f"prompt {args.prompt}, new {args.new}, {args.dtype}, backend "
-          f"{jax.default_backend()} ({jax.device_count()} device(s)), sampling "
+          f"prompt {args.prompt}, new {args.new}, {args.dtype}, attention {args.attention_impl}, "
+          f"backend {jax.default_backend()} ({jax.device_count()} device(s)), sampling "
           f"T={args.temperature} top_k={args.top_k} top_p={args.top_p}")
     machine = measure_machine()
     print(f"machine: memory bandwidth {machine['mem_gbps']:.1f} GB/s, "
@@ -240,7 +249,7 @@ def run(args) -> dict[str, float]:
         results["ratio"] = results["jaxrl_tokens_per_s"] / results["hf_tokens_per_s"]
         results["decode_ratio"] = (results["jaxrl_decode_tokens_per_s"]
                                    / results["hf_decode_tokens_per_s"])
-        print(f"transformers ({args.threads} torch threads): "
+        print(f"transformers ({args.hf_device}, {args.threads} torch threads): "
               f"{results['hf_tokens_per_s']:.0f} tok/s end to end, "
               f"{results['hf_decode_tokens_per_s']:.0f} tok/s decode")
         print(f"ratio jaxrl / transformers: {results['ratio']:.2f}x end to end, "

@@ -55,6 +55,17 @@ def bench_model_config(args):
     )
 
 
+def qwen2_0_5b_model_config(args):
+    """Qwen2.5-0.5B's shape (0.49B parameters; configs/qwen2_5_0_5b_gsm8k.py), random weights:
+    the accelerator check's model (launch/device_check.py)."""
+    import dataclasses
+
+    return dataclasses.replace(
+        bench_model_config(args), vocab_size=151936, hidden_size=896, intermediate_size=4864,
+        num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, max_position_embeddings=max(args.seq, 2048))
+
+
 def moe_model_configs(args):
     """(the ~40M-total MoE, the dense model of its active shape): Qwen3 attention (q/k norm, no
     bias) on the benchmark's hidden 512 / 8 layers / vocab 32000; 8 experts of 192, top-2,
@@ -232,9 +243,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="compute dtype (master weights f32); bf16-mixed sets it through "
                         "train.compute_dtype; the torch peer runs in float32")
     p.add_argument("--torch-threads", type=int, default=2)
-    p.add_argument("--model", choices=["bench", "tiny"], default="bench",
+    p.add_argument("--model", choices=["bench", "tiny", "qwen2-0.5b"], default="bench",
                    help="tiny: the ~0.8M synthetic-task model (quick runs, e.g. the suite's "
-                        "smoke size)")
+                        "smoke size); qwen2-0.5b: Qwen2.5-0.5B's shape (for accelerators)")
     p.add_argument("--lora-rank", type=int, default=0,
                    help="also time a LoRA trainer (adapters of this rank on every projection, "
                         "alpha 2 x rank) interleaved with the full-parameter one, and compare "
@@ -256,6 +267,8 @@ def run(args) -> dict:
 
         model_cfg = tiny_task_model_config(max_position_embeddings=max(args.seq, 256),
                                            dtype=model_cfg.dtype)
+    elif args.model == "qwen2-0.5b":
+        model_cfg = qwen2_0_5b_model_config(args)
     moe_cfg = None
     if args.moe:
         moe_cfg, model_cfg = moe_model_configs(args)
