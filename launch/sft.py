@@ -5,6 +5,10 @@
 Trains (or loads from the cache under data.sft.cache_dir) the warm-started model of the
 experiment, evaluates pass@1 / pass@k on the held-out split and prints one JSON line. Runs on
 one device (the fastest layout for a tiny model on CPU).
+
+`--export-hf=DIR` also writes the warm-started model as a Hugging Face directory (`config.json` +
+`model.safetensors`, float32; no tokenizer files: the character tokenizer has no Hugging Face
+form), e.g. to serve it with `python launch/serve.py --base-model DIR` (docs/service.md).
 """
 
 import contextlib
@@ -14,6 +18,9 @@ import time
 
 
 def main(argv: list[str]) -> None:
+    export = [a for a in argv if a.startswith("--export-hf=")]
+    argv = [a for a in argv if not a.startswith("--export-hf=")]
+    export_dir = export[-1].split("=", 1)[1] if export else None
     if not argv or argv[0].startswith("--"):
         raise SystemExit("usage: python launch/sft.py <config.py> [--key=value ...]")
     from jaxrl.config import ConfigError, load_config  # no JAX: bad input is answered first
@@ -40,6 +47,10 @@ def main(argv: list[str]) -> None:
     if params is None:
         raise SystemExit("data.sft.steps is 0: nothing to warm-start")
     sft_s = time.perf_counter() - t0
+    if export_dir:
+        from jaxrl.models.hf import save_pretrained
+
+        save_pretrained(sft_model(cfg.model, params), cfg.model, export_dir)
     spec = task.reward_spec()
     # a sandbox pool only for rewards that run code (e.g. arith or gsm8k need none)
     with contextlib.ExitStack() as stack:
@@ -50,7 +61,8 @@ def main(argv: list[str]) -> None:
     print(json.dumps({"cache_hit": info["cache_hit"], "cache_path": info["cache_path"],
                       "sft_wall_s": round(info["wall_s"], 1), "total_sft_s": round(sft_s, 1),
                       "losses": info["losses"], **metrics,
-                      "sandbox_tier": pool.tier if pool is not None else None}))
+                      "sandbox_tier": pool.tier if pool is not None else None,
+                      "exported_to": export_dir}))
 
 
 if __name__ == "__main__":
