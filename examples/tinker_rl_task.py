@@ -12,9 +12,9 @@ Everything that trains or samples goes through the SDK: per step
 `forward_backward(..., "importance_sampling")` on group-centred rewards, `optim_step`. jaxrl is
 used on the client side only for what a Tinker user brings themselves: the task's prompts
 (`configs/default.py`'s data), its tokenizer (to detokenise) and its reward (run here, in the
-local sandbox pool). Held-out pass@1 is measured through the SDK sampler too: `--eval-size`
-held-out prompts, `--eval-k` samples each at temperature 1, correct when the reward is 1 (as
-`jaxrl.controller.evaluator`).
+local sandbox pool). Held-out pass@1 is measured through the SDK sampler too: the first
+`--eval-size` held-out prompts, `--eval-k` samples each at temperature 1 with the same seed at
+every evaluation, correct when the reward is 1 (as `jaxrl.controller.evaluator`).
 """
 
 from __future__ import annotations
@@ -94,10 +94,11 @@ def rl_step(tc, task: TaskClient, step: int, args) -> float:
     return float(r_PxG.mean())
 
 
-def held_out_pass1(tc, task: TaskClient, args, seed: int) -> float:
+def held_out_pass1(tc, task: TaskClient, args) -> float:
+    """The same prompts and sampling seed at every evaluation: estimates differ by the weights."""
     sc = tc.save_weights_and_get_sampling_client().result()
     records = task.task.eval_records(args.eval_size)
-    _, groups = sample_groups(sc, task, records, args.eval_k, args.max_tokens, seed=10_000 + seed)
+    _, groups = sample_groups(sc, task, records, args.eval_k, args.max_tokens, seed=10_000)
     flat = [r for r in records for _ in range(args.eval_k)]
     r = task.rewards(flat, [list(s.tokens) for g in groups for s in g])
     return float(np.mean(r >= 1.0))
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--eval-size", type=int, default=64, help="held-out prompts (0: no eval)")
+    p.add_argument("--eval-size", type=int, default=128, help="held-out prompts (0: no eval)")
     p.add_argument("--eval-k", type=int, default=4)
     p.add_argument("--eval-every", type=int, default=10)
     args = p.parse_args(argv)
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
             start, curve = time.time(), []
             for step in range(args.steps):
                 if args.eval_size and step % args.eval_every == 0:
-                    acc = held_out_pass1(tc, task, args, step)
+                    acc = held_out_pass1(tc, task, args)
                     print(f"step {step:3d}  held-out pass@1 {acc:.3f}  "
                           f"{time.time() - start:6.1f} s", flush=True)
                 curve.append(rl_step(tc, task, step, args))
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
                       flush=True)
             if args.eval_size:
                 print(f"step {args.steps:3d}  held-out pass@1 "
-                      f"{held_out_pass1(tc, task, args, args.steps):.3f}", flush=True)
+                      f"{held_out_pass1(tc, task, args):.3f}", flush=True)
             k = max(1, len(curve) // 5)
             print(f"reward {np.mean(curve[:k]):.3f} (first {k} steps) -> "
                   f"{np.mean(curve[-k:]):.3f} (last {k}); {args.steps} steps in "

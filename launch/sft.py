@@ -22,7 +22,8 @@ def main(argv: list[str]) -> None:
     argv = [a for a in argv if not a.startswith("--export-hf=")]
     export_dir = export[-1].split("=", 1)[1] if export else None
     if not argv or argv[0].startswith("--"):
-        raise SystemExit("usage: python launch/sft.py <config.py> [--key=value ...]")
+        raise SystemExit("usage: python launch/sft.py <config.py> [--key=value ...] "
+                         "[--export-hf=DIR]")
     from jaxrl.config import ConfigError, load_config  # no JAX: bad input is answered first
 
     try:
