@@ -40,8 +40,13 @@ def test_auto_moves_devices_to_a_slow_generator_and_the_trainer_idles_less(tmp_p
         move["rebalance/move_s"] + last["rebalance/recompile_s"])
     assert not any("rebalance/measured_cost_s" in r for r in rows[:5])
     assert last["rebalance/measured_samples_per_s"] == pytest.approx(16 / last["pipeline/step_s"])
-    before = [r["pipeline/trainer_idle_frac"] for r in rows[1:3]]
-    assert last["pipeline/trainer_idle_frac"] < min(before), (before, last)
+    # The trainer waits fewer seconds per step. (Its idle *fraction* fell too in the recorded
+    # benchmark, 96-97% -> 90%, but on simulated devices that share two cores the trainer also
+    # gets faster on fewer devices, so the fraction can go either way under load: it rose
+    # 0.936 -> 0.953 once in a parallel suite run while the waiting time fell.)
+    def idle_s(r):
+        return r["pipeline/trainer_idle_frac"] * r["pipeline/step_s"]
+    assert idle_s(last) < min(idle_s(r) for r in rows[1:3]), [idle_s(r) for r in rows[1:6]]
     assert last["pipeline/rollouts_per_s_produced"] > max(
         r["pipeline/rollouts_per_s_produced"] for r in rows[1:3])
 
