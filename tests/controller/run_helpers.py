@@ -26,3 +26,17 @@ def tiny_run_config(tmp_path, name="t", **sections) -> RunConfig:
         cfg = dataclasses.replace(cfg, **{key: dataclasses.replace(getattr(cfg, key), **value)})
     return cfg
 
+
+
+def has_sealed_checkpoint(run_dir) -> bool:
+    """Whether `run_dir/checkpoints` holds a finished checkpoint: a step directory (orbax renames
+    it into place only when written) with jaxrl's integrity record. Checkpoints are written in
+    the background, so a logged step does not mean its checkpoint is on disk yet: a test that
+    SIGKILLs a run to resume it waits for this too."""
+    from pathlib import Path
+
+    from jaxrl.train.checkpoint_integrity import RECORD
+
+    root = Path(run_dir) / "checkpoints"
+    return root.is_dir() and any(p.name.isdigit() and (p / RECORD).is_file()
+                                 for p in root.iterdir())

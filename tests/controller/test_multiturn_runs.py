@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from run_helpers import has_sealed_checkpoint
 from tiny_multiturn_config import tiny_multiturn_run_config
 
 import jaxrl.run
@@ -83,7 +84,8 @@ def test_sigkill_then_resume_multiturn_takes_each_item_once(tmp_path):
     metrics = tmp_path / "runs" / "victim" / "metrics.jsonl"
     deadline = time.time() + 600
     while time.time() < deadline:  # kill after step 2 was logged (checkpoint at step 1 exists)
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+        if (metrics.exists() and len(metrics.read_text().splitlines()) >= 3
+                and has_sealed_checkpoint(metrics.parent)):
             break
         if victim.poll() is not None:
             pytest.fail("the run ended before it could be killed:\n" + victim.stdout.read()[-3000:])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from run_helpers import tiny_run_config
+from run_helpers import has_sealed_checkpoint, tiny_run_config
 
 import jaxrl.run
 from jaxrl.config import ConfigError, MeshConfig
@@ -106,7 +106,8 @@ def test_sigkill_then_resume_continues_exactly(tmp_path, params):
     metrics = tmp_path / "runs" / "victim" / "metrics.jsonl"
     deadline = time.time() + 600
     while time.time() < deadline:  # kill after step 3 was logged (checkpoint at step 2 exists)
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
+        if (metrics.exists() and len(metrics.read_text().splitlines()) >= 4
+                and has_sealed_checkpoint(metrics.parent)):
             break
         if victim.poll() is not None:
             pytest.fail("the run ended before it could be killed:\n" + victim.stdout.read()[-3000:])
