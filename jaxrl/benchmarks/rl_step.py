@@ -162,6 +162,24 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(zip(keep, map(chr, chars), strict=True))
 
 
+def byte_tokenizer():
+    """The 259-id byte tokenizer as a `transformers` fast tokenizer: 256 byte tokens, then
+    <|endoftext|> (pad), <|im_start|> and <|im_end|> (EOS). `bench.py generate --vs ct2` saves it
+    beside its weights too (CTranslate2's converter reads a tokenizer)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    vocab.update({s: 256 + i for i, s in enumerate(specials)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>")
+
+
 def prompt_texts() -> list[str]:
     """PROMPTS ASCII prompts of exactly PROMPT_TOKENS bytes (one byte = one token)."""
     words = "the quick brown fox jumps over a lazy dog and then sleeps".split()
@@ -183,18 +201,9 @@ def save_assets(cache: Path, shape: str, args: argparse.Namespace) -> Path:
     model = out / "model"
     if not (model / "model.safetensors").exists():
         import torch
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-        from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+        from transformers import Qwen2Config, Qwen2ForCausalLM
 
-        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-        vocab = {ch: b for b, ch in bytes_to_unicode().items()}
-        vocab.update({s: 256 + i for i, s in enumerate(specials)})
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        tok.decoder = decoders.ByteLevel()
-        tok.add_special_tokens(specials)
-        hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                         pad_token="<|endoftext|>")
+        hf_tok = byte_tokenizer()
         torch.manual_seed(0)
         cfg = Qwen2Config(vocab_size=VOCAB, max_position_embeddings=256, tie_word_embeddings=True,
                           eos_token_id=258, pad_token_id=256, bos_token_id=None,
