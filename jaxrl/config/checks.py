@@ -105,11 +105,33 @@ def check_run(cfg) -> None:
             f"generate.max_len={gen.max_len} leaves no room for a prompt before "
             f"data.max_new_tokens={data.max_new_tokens}; raise generate.max_len or set it to 0 "
             "(automatic)")
+    if gen.prefill_devices:
+        check_prefill_devices(cfg)
     if gen.min_tokens > data.max_new_tokens:
         raise ConfigError(
             f"generate.min_tokens={gen.min_tokens} is more than data.max_new_tokens="
             f"{data.max_new_tokens}: no rollout could reach it; lower generate.min_tokens or "
             "raise data.max_new_tokens")
+
+
+def check_prefill_devices(cfg) -> None:
+    """`generate.prefill_devices` against the generator mesh (when its shape is given; an
+    automatic one is checked when the mesh is built) and live rebalancing."""
+    p, shape = cfg.generate.prefill_devices, cfg.mesh.generator
+    if shape is not None:
+        n, tp = shape[0] * shape[1], shape[1]
+        valid = list(range(tp, n, tp))
+        if p not in valid:
+            raise ConfigError(
+                f"generate.prefill_devices={p} does not split mesh.generator={shape[0]}x"
+                f"{shape[1]} ({n} devices, tp={tp}); valid: {valid or 'none'} (a multiple of "
+                "tp that leaves at least one tp group to decode), or 0 (colocated prefill)")
+    if cfg.pipeline.rebalance == "auto" or cfg.pipeline.rebalance_every:
+        raise ConfigError(
+            f"generate.prefill_devices={p} with pipeline.rebalance={cfg.pipeline.rebalance!r} / "
+            f"rebalance_every={cfg.pipeline.rebalance_every}: live rebalancing resizes the "
+            "generator mesh, which a fixed prefill split does not follow; set "
+            "--generate.prefill_devices=0 or turn rebalancing off")
 
 
 def check_model_lengths(cfg, model_cfg, max_prompt: int = 1) -> None:

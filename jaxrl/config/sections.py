@@ -292,11 +292,18 @@ class GenerateConfig:
     # it speeds up with chips as a compute-bound generator would; simulated CPU devices share the
     # host's cores, so their real compute does not). 0 = off.
     debug_chunk_delay_s: float = 0.0
+    # prefill/decode disaggregation: this many of the generator's devices (whole dp rows, a
+    # multiple of its tp) prefill with their own copy of the weights, the rest decode; each
+    # prompt's KV cache moves between them (jaxrl/generate/disaggregated.py). 0 = colocated.
+    prefill_devices: int = 0
 
     def __post_init__(self):
         if self.dtype is not None:
             object.__setattr__(self, "dtype",
                                canonical_dtype(self.dtype, "generate.dtype", ConfigError))
+        if self.prefill_devices < 0:
+            raise ConfigError(f"generate.prefill_devices: must be >= 0 (0 = prefill and decode "
+                              f"on the same devices), got {self.prefill_devices}")
         check_choice("generate", "kv_layout", self.kv_layout, typing.get_args(KVLayout))
         check_choice("generate", "quantize", self.quantize, typing.get_args(Quantize))
         validate_literals(self) if self.dtype is not None else None

@@ -63,6 +63,10 @@ class GenerateStats:
     prefills: int = 0
     completions: int = 0
     busy_s: float = 0.0  # wall time inside step()
+    # a `DisaggregatedEngine`: prefixes moved from the prefill to the decode devices
+    kv_transfers: int = 0
+    kv_transfer_s: float = 0.0
+    kv_transfer_bytes: int = 0
 
     @property
     def slot_utilisation(self) -> float:
@@ -73,10 +77,14 @@ class GenerateStats:
         return self.generated_tokens / self.busy_s if self.busy_s else 0.0
 
     def metrics(self) -> dict[str, float]:
-        return {"gen/tokens_per_s": self.tokens_per_s,
-                "gen/slot_utilisation": self.slot_utilisation,
-                "gen/generated_tokens": float(self.generated_tokens),
-                "gen/prefills": float(self.prefills)}
+        out = {"gen/tokens_per_s": self.tokens_per_s,
+               "gen/slot_utilisation": self.slot_utilisation,
+               "gen/generated_tokens": float(self.generated_tokens),
+               "gen/prefills": float(self.prefills)}
+        if self.kv_transfers:  # per prefill: seconds and bytes of its prefix's move
+            out["gen/kv_transfer_s"] = self.kv_transfer_s / self.kv_transfers
+            out["gen/kv_transfer_bytes"] = self.kv_transfer_bytes / self.kv_transfers
+        return out
 
 
 @dataclasses.dataclass
@@ -183,6 +191,11 @@ class Scheduler:
                 group.prompt_experts = group.prefix.experts_LPK
                 self.stats.prefills += 1
                 self.stats.prompt_tokens += len(group.prompt)
+                moved = getattr(engine, "last_kv_transfer", None)  # (seconds, bytes)
+                if moved is not None:
+                    self.stats.kv_transfers += 1
+                    self.stats.kv_transfer_s += moved[0]
+                    self.stats.kv_transfer_bytes += moved[1]
             sp = group.sampling
             params = engine.slot_params(
                 key_data=group.key_data, sample_index=group.next_sample,
