@@ -215,6 +215,14 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
     from jaxrl.models.model import abstract_model
     from jaxrl.sharding import pure_state_shardings
 
+    devices_total, prefill_mesh = mesh.size, None
+    if cfg.generate.prefill_devices:  # weights published to the decode group, copied to prefill
+        from jaxrl.generate.disaggregated import split_generator_mesh
+
+        try:
+            prefill_mesh, mesh = split_generator_mesh(mesh, cfg.generate.prefill_devices)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     gen_dtype = cfg.generate.dtype or model_cfg.param_dtype
     gen_cfg = dataclasses.replace(model_cfg, param_dtype=gen_dtype, dtype=gen_dtype)
     gather = local_replica if multi else None
@@ -232,14 +240,18 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
             graphdef = nnx.graphdef(abstract_model(gen_cfg, int8=True))
         publisher = GeneratorPublisher(sync, graphdef, quantize)
         gen_params = publisher.publish(trainer_params, version)[0]
-    engine = JaxEngine(nnx.merge(graphdef, gen_params),
-                       num_slots=round_up(cfg.generate.num_slots, mesh.shape["dp"]),
-                       max_len=cfg.generate.max_len or next_power_of_two(seq_len,
-                                                                          minimum=MIN_BUCKET),
-                       mesh=mesh, chunk_steps=cfg.generate.chunk_steps, eos_ids=(eos_id,),
-                       version=version, kv_layout=cfg.generate.kv_layout,
-                       page_size=cfg.generate.page_size,
-                       debug_delay_s=cfg.generate.debug_chunk_delay_s / mesh.size)
+    kind, split = JaxEngine, {}
+    if prefill_mesh is not None:
+        from jaxrl.generate.disaggregated import DisaggregatedEngine
+
+        kind, split = DisaggregatedEngine, dict(prefill_mesh=prefill_mesh)
+    engine = kind(nnx.merge(graphdef, gen_params),
+                  num_slots=round_up(cfg.generate.num_slots, mesh.shape["dp"]),
+                  max_len=cfg.generate.max_len or next_power_of_two(seq_len, minimum=MIN_BUCKET),
+                  mesh=mesh, chunk_steps=cfg.generate.chunk_steps, eos_ids=(eos_id,),
+                  version=version, kv_layout=cfg.generate.kv_layout,
+                  page_size=cfg.generate.page_size,
+                  debug_delay_s=cfg.generate.debug_chunk_delay_s / devices_total, **split)
     return publisher, engine, Scheduler(engine)
 
 

@@ -101,3 +101,30 @@ def test_prefill_devices_config_errors():
     with pytest.raises(ConfigError, match=r"prefill_devices=4 .* valid: \[2\]"):
         RunConfig(mesh=mesh, generate=GenerateConfig(prefill_devices=4))
     assert RunConfig(mesh=mesh, generate=GenerateConfig(prefill_devices=2))
+
+
+def test_a_run_builds_the_split_generator_and_publishes_to_both_groups():
+    from flax import nnx
+
+    from jaxrl.controller.build import generator
+    from jaxrl.sharding import make_meshes
+
+    cfg = RunConfig(mesh=MeshConfig(trainer=(4, 1), generator=(2, 2)),
+                    generate=GenerateConfig(prefill_devices=2, num_slots=3))
+    meshes = make_meshes(cfg.mesh)
+    params = nnx.to_pure_dict(nnx.state(create_model(tiny_model_config(), mesh=meshes.trainer)))
+    publisher, engine, sched = generator(cfg, tiny_model_config(), meshes.generator, params,
+                                         seq_len=20, version=0, eos_id=1, multi=False)
+    rows = meshes.generator.devices
+    assert isinstance(engine, DisaggregatedEngine) and sched.engine is engine
+    assert list(engine.prefill_mesh.devices.flat) == list(rows[0])
+    assert list(engine.mesh.devices.flat) == list(rows[1])
+    assert engine.num_slots == 3  # rounded to the decode group's dp (1), not the mesh's (2)
+    new = jax.tree.map(lambda x: x + 1, params)
+    sched.set_params(publisher.publish(new, 1)[0], 1)
+    for side in (engine, engine.prefill_engine):
+        leaves = jax.tree.leaves(side.params.state)
+        assert {d for x in leaves for d in x.sharding.device_set} == set(side.mesh.devices.flat)
+        for got, want in zip(leaves, jax.tree.leaves(new), strict=True):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        assert int(side.params.version) == 1
