@@ -97,6 +97,7 @@ class _Group:
     prefix: Prefix | None = None
     next_sample: int = 0
     prompt_experts: object = None  # the prefix's experts_LPK (device), read when a sample ends
+    adapter: int | None = None  # a `MultiLoraEngine`'s adapter index for this request
 
 
 @dataclasses.dataclass
@@ -143,18 +144,21 @@ class Scheduler:
     # ------------------------------------------------------------------ queue
 
     def submit(self, prompt: Sequence[int], sampling: SamplingParams,
-               request_id: int | None = None, *, stop_text: StopText | None = None) -> int:
+               request_id: int | None = None, *, stop_text: StopText | None = None,
+               adapter: int | None = None) -> int:
         """Queue `sampling.n` samples of `prompt`; returns the request id. Rejects (ValueError)
         a request the engine cannot serve exactly: empty prompt, unknown token or stop ids,
         prompt + max_tokens beyond the KV cache. `stop_text`: stop strings of several tokens,
-        checked on the decoded tail after each chunk (`jaxrl.generate.stops`)."""
+        checked on the decoded tail after each chunk (`jaxrl.generate.stops`). `adapter`: the
+        LoRA adapter to decode with, on a `jaxrl.generate.multi_lora.MultiLoraEngine`."""
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         prompt = [int(t) for t in prompt]
-        self.engine.check_request(prompt, sampling.max_tokens, sampling.stop_token_ids)
+        kw = {} if adapter is None else {"adapter": adapter}
+        self.engine.check_request(prompt, sampling.max_tokens, sampling.stop_token_ids, **kw)
         rid = next(self._ids) if request_id is None else int(request_id)
         self._queue.append(_Group(rid, prompt, sampling, seed_key_data(sampling.seed),
-                                  stop_text))
+                                  stop_text, adapter=adapter))
         return rid
 
     @property
@@ -187,7 +191,8 @@ class Scheduler:
                 return
             group = self._queue[0]
             if group.prefix is None:
-                group.prefix = engine.prefill(engine.params, group.prompt)
+                kw = {} if group.adapter is None else {"adapter": group.adapter}
+                group.prefix = engine.prefill(engine.params, group.prompt, **kw)
                 group.prompt_experts = group.prefix.experts_LPK
                 self.stats.prefills += 1
                 self.stats.prompt_tokens += len(group.prompt)

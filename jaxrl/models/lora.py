@@ -10,6 +10,10 @@ so they shard with the weight on both meshes.
 Parameters travel as pure nested dicts (`nnx.to_pure_dict`); `split` / `join` separate a LoRA
 model's dict into the frozen base and the trainable adapters and put them back together, and
 `merge` folds the adapters into the base weights (`W + s A B`).
+
+Adapters with one more leading axis than their layout (`[B, in..., r]`, `[B, r, out...]`) are
+one adapter per batch row: `delta` then computes each row's `s (x[b] A[b]) B[b]` (the multi-
+adapter decode of `jaxrl.generate.multi_lora`, which gathers each slot's adapter).
 """
 
 from __future__ import annotations
@@ -47,8 +51,22 @@ def delta(module: nnx.Module, lora: LoraConfig, name: str, x, n_in: int):
     if a is None:
         return 0
     b = getattr(module, f"{name}_lora_b")
-    h = jnp.tensordot(x, a[...].astype(x.dtype), axes=n_in)
-    return (lora.scale * jnp.tensordot(h, b[...].astype(x.dtype), axes=1)).astype(x.dtype)
+    a, b = a[...].astype(x.dtype), b[...].astype(x.dtype)
+    if a.ndim == n_in + 2:  # one adapter per batch row (multi-adapter decoding)
+        return (lora.scale * per_row_product(x, a, b, n_in)).astype(x.dtype)
+    h = jnp.tensordot(x, a, axes=n_in)
+    return (lora.scale * jnp.tensordot(h, b, axes=1)).astype(x.dtype)
+
+
+def per_row_product(x, a_B, b_B, n_in: int):
+    """`(x[i] A[i]) B[i]` for each row `i` of the leading axis: `x: [B, ..., in...]`, `a_B: [B,
+    in..., r]`, `b_B: [B, r, out...]` (each row's own adapter, gathered by
+    `jaxrl.generate.multi_lora`); two batched matmuls."""
+    rows, rank = x.shape[0], a_B.shape[-1]
+    x_BMI = x.reshape(rows, -1, math.prod(a_B.shape[1:-1]))
+    h_BMR = jnp.einsum("bmi,bir->bmr", x_BMI, a_B.reshape(rows, -1, rank))
+    y_BMO = jnp.einsum("bmr,bro->bmo", h_BMR, b_B.reshape(rows, rank, -1))
+    return y_BMO.reshape(*x.shape[: x.ndim - n_in], *b_B.shape[2:])
 
 
 # --------------------------------------------------------------------------- pure-dict params
