@@ -1,11 +1,22 @@
 """Test session set-up: a simulated 8-device CPU mesh, set once before JAX starts."""
 
 import os
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# XLA's persistent compilation cache, shared by the test processes (pytest-xdist's workers and the
+# runs that tests launch as subprocesses, which inherit this environment): many tests compile the
+# same tiny-model programs (a SIGKILL test launches the same run three times), and on two cores
+# compiling is much of the suite's time. Keyed by the program and the compile options, so an entry
+# is only ever reused for an identical program; the size limit turns on jax's file lock, which
+# keeps concurrent readers from seeing a half-written entry.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(), f"jaxrl-test-xla-cache-{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))
 
 import jax  # noqa: E402
 

@@ -98,6 +98,8 @@ def test_too_large_for_the_budget_fails_before_any_compilation():
     events = []
     listener = lambda event, duration, **kw: events.append(event)  # noqa: E731
     jax.monitoring.register_event_duration_secs_listener(listener)
+    cached = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)  # a cache hit is no compilation
     try:
         jax.jit(lambda x: x * 3.0 + 1.0)(2.0)  # the listener does see a compilation
         assert any("backend_compile" in e for e in events)
@@ -108,6 +110,7 @@ def test_too_large_for_the_budget_fails_before_any_compilation():
             plan.check()
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
+        jax.config.update("jax_enable_compilation_cache", cached)
     assert not [e for e in events if "compile" in e and "trace" not in e], events
     msg = str(err.value)
     assert _fmt(4 * big.num_params()) in msg  # the parameters' figure, f32
