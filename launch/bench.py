@@ -20,6 +20,7 @@ BENCHMARKS = {
     "suite": "jaxrl.benchmarks.suite",
     "rl-step": "jaxrl.benchmarks.rl_step",
     "rebalance": "jaxrl.benchmarks.rebalance",
+    "disaggregated": "jaxrl.benchmarks.disaggregated",
 }
 
 
