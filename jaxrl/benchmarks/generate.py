@@ -9,6 +9,11 @@ the decode steps reach: bytes (weights + valid KV) per step against a measured m
 and FLOPs per step against a measured f32 matmul peak. `--quantize int8` also times the weight-only
 int8 generator (`generate.quantize`), interleaved with the unquantized one in the same process
 (alternating which goes first), and reports the median of the paired tokens/s ratios.
+
+`--vs hf` alone runs `transformers` in this process after jaxrl, not interleaved (load hits the
+two sides differently); `--vs hf,ct2` (or `--isolated`) runs each engine -- jaxrl,
+`transformers.generate`, CTranslate2 f32 and int8 -- in its own process, rounds interleaved,
+peers in pinned virtual environments (`jaxrl/benchmarks/generate_peers.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import functools
 import json
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -26,7 +32,11 @@ print = functools.partial(print, flush=True)  # progress shows while the peer ru
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="bench.py generate", description=__doc__.split("\n")[0])
-    p.add_argument("--vs", choices=["none", "hf"], default="none", help="peer to compare with")
+    p.add_argument("--vs", default="none", type=_vs,
+                   help="peers, comma-separated: hf, ct2 (= ct2-f32,ct2-int8), ct2-f32, "
+                        "ct2-int8, or none. `hf` alone: in this process after jaxrl (not "
+                        "interleaved); anything with ct2, or --isolated: each engine in its own "
+                        "process, rounds interleaved (jaxrl/benchmarks/generate_peers.py)")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--intermediate", type=int, default=1536)
     p.add_argument("--layers", type=int, default=8)
@@ -48,10 +58,43 @@ def _parse(argv):
                         "torch.cuda.synchronize)")
     p.add_argument("--quantize", choices=["none", "int8"], default="none",
                    help="int8: also time the int8 generator, interleaved with the plain one")
-    p.add_argument("--threads", type=int, default=2, help="torch threads for the peer")
-    p.add_argument("--repeats", type=int, default=2, help="timed runs per side (best kept)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch threads (and CTranslate2 intra_threads) of the peers")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="timed runs per side (in process: best kept; isolated: median)")
+    p.add_argument("--isolated", action="store_true",
+                   help="each engine in its own process, interleaved (implied by ct2 peers)")
+    p.add_argument("--rounds", type=int, default=3, help="isolated: interleaved rounds")
+    p.add_argument("--greedy-prompts", type=int, default=4,
+                   help="isolated: prompts decoded greedily in round 0, compared with hf's")
+    p.add_argument("--greedy-new", type=int, default=32, help="isolated: greedy new tokens")
+    p.add_argument("--timeout", type=float, default=1800.0, help="isolated: seconds per run")
+    p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "jaxrl" / "bench-venvs"),
+                   help="isolated: peer virtual environments and the saved model")
     p.add_argument("--json", action="store_true", help="print one JSON line of results")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ("rounds", "repeats", "batch", "new", "greedy_prompts", "greedy_new"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if isolated(args) and args.vocab < 259:  # the saved byte tokenizer's 259 ids
+        p.error(f"--vs {args.vs} saves a 259-id byte tokenizer: --vocab must be >= 259, "
+                f"got {args.vocab}")
+    return args
+
+
+def _vs(value: str) -> str:
+    from jaxrl.benchmarks.generate_peers import parse_vs
+
+    try:
+        parse_vs(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value.strip()
+
+
+def isolated(args) -> bool:
+    """Whether `args` asks for the process-per-engine comparison rather than the in-process one."""
+    return args.isolated or args.vs not in ("none", "hf")
 
 
 def measure_machine() -> dict[str, float]:
@@ -177,6 +220,10 @@ def run_hf(path, prompts, args) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
+    if isolated(args):
+        from jaxrl.benchmarks import generate_peers
+
+        return generate_peers.main(args)
     results = run(args)
     if args.json:
         print(json.dumps(results))
