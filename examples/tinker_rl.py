@@ -28,6 +28,20 @@ def reward(tokens: list[int]) -> float:
     return sum(t in TARGET for t in tokens) / max(1, len(tokens))
 
 
+def is_datum(prompt: list[int], seq, advantage: float) -> types.Datum:
+    """The `importance_sampling` datum of one sampled sequence: inputs and targets shifted by one;
+    the prompt's targets carry zero logprob and advantage (they are not trained on), each sampled
+    token the sampler's logprob and the sequence's advantage."""
+    tokens = prompt + list(seq.tokens)
+    n_prompt = len(prompt) - 1  # targets before the first sampled token
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": np.array(tokens[1:], np.int64),
+            "logprobs": np.array([0.0] * n_prompt + list(seq.logprobs), np.float32),
+            "advantages": np.array([0.0] * n_prompt + [advantage] * len(seq.tokens), np.float32)})
+
+
 def rl_step(tc, group: int, max_tokens: int, lr: float, seed: int) -> float:
     """One step; returns the mean reward of the samples it trained on."""
     sc = tc.save_weights_and_get_sampling_client().result()
@@ -38,16 +52,7 @@ def rl_step(tc, group: int, max_tokens: int, lr: float, seed: int) -> float:
         seqs = fut.result().sequences
         r = np.array([reward(s.tokens) for s in seqs], np.float32)
         rewards.extend(r)
-        for s, adv in zip(seqs, r - r.mean(), strict=True):
-            tokens = prompt + list(s.tokens)
-            n_prompt = len(prompt) - 1  # targets before the first sampled token
-            data.append(types.Datum(
-                model_input=types.ModelInput.from_ints(tokens[:-1]),
-                loss_fn_inputs={
-                    "target_tokens": np.array(tokens[1:], np.int64),
-                    "logprobs": np.array([0.0] * n_prompt + list(s.logprobs), np.float32),
-                    "advantages": np.array([0.0] * n_prompt + [adv] * len(s.tokens),
-                                           np.float32)}))
+        data.extend(is_datum(prompt, seq, adv) for seq, adv in zip(seqs, r - r.mean(), strict=True))
     fb = tc.forward_backward(data, "importance_sampling")
     opt = tc.optim_step(types.AdamParams(learning_rate=lr))
     fb.result(), opt.result()

@@ -26,6 +26,7 @@ import time
 import numpy as np
 import tinker
 from tinker import types
+from tinker_rl import is_datum  # beside this script (its directory is on sys.path)
 
 from jaxrl.config import load_config
 from jaxrl.data.tasks import build_task
@@ -77,16 +78,7 @@ def rl_step(tc, task: TaskClient, step: int, args) -> float:
         adv_G = r_G - r_G.mean()
         if not np.any(adv_G):  # all equal: no signal, nothing to send
             continue
-        for s, adv in zip(seqs, adv_G, strict=True):
-            tokens = prompt + list(s.tokens)
-            n_prompt = len(prompt) - 1  # targets before the first sampled token
-            data.append(types.Datum(
-                model_input=types.ModelInput.from_ints(tokens[:-1]),
-                loss_fn_inputs={
-                    "target_tokens": np.array(tokens[1:], np.int64),
-                    "logprobs": np.array([0.0] * n_prompt + list(s.logprobs), np.float32),
-                    "advantages": np.array([0.0] * n_prompt + [adv] * len(s.tokens),
-                                           np.float32)}))
+        data.extend(is_datum(prompt, seq, adv) for seq, adv in zip(seqs, adv_G, strict=True))
     if data:
         fb = tc.forward_backward(data, "importance_sampling")
         opt = tc.optim_step(types.AdamParams(learning_rate=args.lr))
