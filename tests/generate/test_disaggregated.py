@@ -14,7 +14,7 @@ from jaxrl.models import create_model
 from jaxrl.sharding import make_mesh
 from jaxrl.testing import tiny_model_config
 
-PROMPTS = [[1, 2, 3], [9] * 12, list(range(30, 50)), [4, 5, 6, 7, 8] * 6]  # buckets 16, 16, 32, 32
+PROMPTS = [[1, 2, 3], [9] * 12, list(range(30, 46)), [4, 5, 6, 7, 8] * 2]  # one bucket: 16
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, n=2)
 KW = dict(num_slots=4, max_len=48, chunk_steps=4, max_stop_ids=4)
 
@@ -52,9 +52,9 @@ def test_prefix_moves_to_the_decode_devices(engines):
     seconds, nbytes = disagg.last_kv_transfer
     cfg = tiny_model_config()
     head_dim = cfg.hidden_size // cfg.num_heads
-    # k and v per layer [1, 32, kv_heads, head_dim] f32, logits [V] f32, three int32 (the
+    # k and v per layer [1, 16, kv_heads, head_dim] f32, logits [V] f32, three int32 (the
     # cache's lengths_B[1], true_length, version)
-    want = cfg.num_layers * 2 * 32 * cfg.num_kv_heads * head_dim * 4 + cfg.vocab_size * 4 + 3 * 4
+    want = cfg.num_layers * 2 * 16 * cfg.num_kv_heads * head_dim * 4 + cfg.vocab_size * 4 + 3 * 4
     assert seconds > 0 and nbytes == want
 
 
