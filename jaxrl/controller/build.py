@@ -82,11 +82,14 @@ def memory_plan(cfg: RunConfig, model_cfg, meshes, seq_len: int, *, leader: bool
     (`mesh.memory_check="fail"`) or warn ("warn") when they exceed the device's memory."""
     if cfg.mesh.memory_check == "off":
         return
+    from jaxrl.generate.disaggregated import decode_mesh_shape
     from jaxrl.train.memory_plan import plan_memory
 
     budget = int(cfg.mesh.memory_budget_gib * 2**30) or None
+    # prefill/decode split: the decode group holds the KV cache on fewer devices
+    gen_shape = decode_mesh_shape(meshes.generator.devices.shape, cfg.generate.prefill_devices)
     plan = plan_memory(cfg, model_cfg, trainer_mesh_shape=meshes.trainer.devices.shape,
-                       generator_mesh_shape=meshes.generator.devices.shape,
+                       generator_mesh_shape=gen_shape,
                        colocated=meshes.colocated, max_seq_len=seq_len, budget_bytes=budget)
     if leader:
         log.info("memory plan:\n%s", plan.format())

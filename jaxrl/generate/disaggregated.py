@@ -49,6 +49,15 @@ def split_generator_mesh(mesh: Mesh, prefill_devices: int) -> tuple[Mesh, Mesh]:
     return Mesh(mesh.devices[:rows], axes), Mesh(mesh.devices[rows:], axes)
 
 
+def decode_mesh_shape(generator_shape: Sequence[int], prefill_devices: int) -> tuple[int, int]:
+    """The decode group's (dp, tp) in a generator mesh of `generator_shape` split by
+    `split_generator_mesh` (the whole shape when `prefill_devices` is 0 or does not split it:
+    `split_generator_mesh` reports that)."""
+    dp, tp = (int(s) for s in generator_shape)
+    rows, rest = divmod(prefill_devices, tp)
+    return (dp - rows, tp) if prefill_devices and not rest and 0 < rows < dp else (dp, tp)
+
+
 class DisaggregatedEngine(JaxEngine):
     """A `JaxEngine` whose prefill runs on a separate mesh with its own copy of the weights.
 

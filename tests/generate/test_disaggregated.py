@@ -9,7 +9,11 @@ import pytest
 from jaxrl.config import ConfigError, RunConfig
 from jaxrl.config.sections import GenerateConfig, MeshConfig
 from jaxrl.generate import JaxEngine, SamplingParams, Scheduler, sample
-from jaxrl.generate.disaggregated import DisaggregatedEngine, split_generator_mesh
+from jaxrl.generate.disaggregated import (
+    DisaggregatedEngine,
+    decode_mesh_shape,
+    split_generator_mesh,
+)
 from jaxrl.models import create_model
 from jaxrl.sharding import make_mesh
 from jaxrl.testing import tiny_model_config
@@ -128,3 +132,11 @@ def test_a_run_builds_the_split_generator_and_publishes_to_both_groups():
         for got, want in zip(leaves, jax.tree.leaves(new), strict=True):
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
         assert int(side.params.version) == 1
+
+
+def test_decode_mesh_shape_is_what_the_split_leaves():
+    assert decode_mesh_shape((4, 2), 2) == (3, 2) and decode_mesh_shape((4, 1), 3) == (1, 1)
+    assert decode_mesh_shape((4, 2), 0) == (4, 2)  # colocated
+    assert decode_mesh_shape((4, 2), 3) == (4, 2)  # invalid: split_generator_mesh says why
+    mesh = make_mesh((4, 2), "generator", jax.devices())
+    assert split_generator_mesh(mesh, 4)[1].devices.shape == decode_mesh_shape((4, 2), 4)
