@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="first steps left out (compilation)")
     p.add_argument("--min-interval", type=int, default=2, help="pipeline.rebalance_min_interval")
     p.add_argument("--confirm", type=int, default=1, help="pipeline.rebalance_confirm")
+    p.add_argument("--cost", type=float, default=30.0,
+                   help="pipeline.rebalance_cost_s: a move's assumed cost until one is measured "
+                        "(a move must pay for it before the run ends: 0 lets a short run move)")
     p.add_argument("--repeats", type=int, default=1,
                    help="pairs of runs, the order alternating; the ratio is their median")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
@@ -64,8 +67,9 @@ def check_args(args) -> None:
     parse_split(args.start)
     if args.mode not in MODES:
         raise SystemExit(f"--mode {args.mode!r} is not valid; valid: {list(MODES)}")
-    if not (np.isfinite(args.delay) and args.delay >= 0):
-        raise SystemExit(f"--delay must be a finite number >= 0, got {args.delay}")
+    for flag, value in (("--delay", args.delay), ("--cost", args.cost)):
+        if not (np.isfinite(value) and value >= 0):
+            raise SystemExit(f"{flag} must be a finite number >= 0, got {value}")
     if args.warmup < 0 or args.steps <= args.warmup:
         raise SystemExit(f"need 0 <= --warmup < --steps, got warmup {args.warmup}, steps "
                          f"{args.steps}")
@@ -117,6 +121,7 @@ def _run(args, overrides: list[str], tmp: str, policy: str, split: tuple[int, in
         f"--pipeline.rebalance={'auto' if policy == 'auto' else 'off'}",
         f"--pipeline.rebalance_min_interval={args.min_interval}",
         f"--pipeline.rebalance_confirm={args.confirm}",
+        f"--pipeline.rebalance_cost_s={args.cost}",
         f"--generate.debug_chunk_delay_s={args.delay}", "--train.checkpoint_every=0",
     ])
     t0 = time.perf_counter()

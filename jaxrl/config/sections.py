@@ -381,6 +381,9 @@ class PipelineConfig:
     # steps that must propose the same move before it is made
     rebalance_min_interval: int = 5
     rebalance_confirm: int = 3
+    # seconds a move is assumed to cost until one is measured (pause plus recompilation); a move
+    # must pay for it within 600 s or the time the run has left, whichever is shorter
+    rebalance_cost_s: float = 30.0
     # for tests: force a move every this many steps (0: never), alternating between the
     # configured split and `rebalance_to` trainer chips (0: as many) on the devices in reverse
     # order, so that every forced move moves the state to other devices
@@ -398,6 +401,9 @@ class PipelineConfig:
             raise ConfigError(f"pipeline.rebalance_min_interval must be >= 0 and "
                               f"pipeline.rebalance_confirm >= 1, got "
                               f"{self.rebalance_min_interval} and {self.rebalance_confirm}")
+        if not self.rebalance_cost_s >= 0:
+            raise ConfigError(f"pipeline.rebalance_cost_s: must be >= 0 seconds, got "
+                              f"{self.rebalance_cost_s}")
         if self.max_staleness < 0 or self.max_oversample_rounds < 0:
             raise ConfigError(
                 f"pipeline: max_staleness and max_oversample_rounds must be >= 0, got "

@@ -97,7 +97,8 @@ class LiveRebalance:
         self.mirrored = False  # the state is on the devices in reverse order (forced moves)
         self.moves = 0
         policy_cfg = RebalanceConfig(min_interval=pipeline_cfg.rebalance_min_interval,
-                                     confirm=pipeline_cfg.rebalance_confirm)
+                                     confirm=pipeline_cfg.rebalance_confirm,
+                                     cost_s=pipeline_cfg.rebalance_cost_s)
         self.policy = Rebalancer(len(self.devices), trainer_chips, policy_cfg,
                                  mode=pipeline_cfg.mode, batch=batch,
                                  staleness=max(pipeline_cfg.max_staleness, 1),
@@ -151,7 +152,8 @@ class LiveRebalance:
             decision = Decision(steps_done, pol.split, new, rate(pol.split), rate(new), pol.cost_s)
             mirrored = not self.mirrored
         elif self.cfg.rebalance == "auto":
-            decision = pol.decide(steps_done)
+            decision = pol.decide(steps_done,
+                                  remaining_samples=(self.cfg.steps - steps_done) * self.batch)
         if decision is None:
             return
         seconds = self.move(decision.new[0], mirrored=mirrored)

@@ -9,7 +9,8 @@ trainer consumes `t*T` and the generator produces `g*G` samples per busy second,
 
 1. smooths the per-chip rates `t = consumed/T` and `g = produced/G` (exponential average);
 2. predicts the throughput of every feasible split in steps of `granularity` chips;
-3. moves to the best one when, over `horizon_s` seconds, the predicted gain pays for the
+3. moves to the best one when, over `horizon_s` seconds (or the time the run has left, if
+   shorter), the predicted gain pays for the
    measured cost of a move (samples not consumed while it runs) and the relative gain exceeds
    `margin`, at least `min_interval` steps have passed since the last move, and the same move
    was proposed on `confirm` consecutive steps.
@@ -118,15 +119,20 @@ class Rebalancer:
             self.decisions[-1].measured_rate = float(min(consumed_per_s, produced_per_s))
         self.since_move += 1
 
-    def decide(self, step: int) -> Decision | None:
-        """The move to make now, or None (see the module docstring)."""
+    def decide(self, step: int, remaining_samples: float | None = None) -> Decision | None:
+        """The move to make now, or None (see the module docstring). `remaining_samples`: what
+        the run has left to consume (None: unbounded); a move must pay for itself before the
+        run ends, so the horizon is at most the time those samples take at the new split."""
         if self.t_rate is None or self.since_move < self.cfg.min_interval:
             return None
         current = self.throughput(*self.split)
         best = max(self.candidates(), key=lambda s: self.throughput(*s))
         predicted = self.throughput(*best)
         gain = predicted - current
-        pays = gain * self.cfg.horizon_s > current * self.cost_s  # samples won > samples lost
+        horizon = self.cfg.horizon_s
+        if remaining_samples is not None and predicted > 0:
+            horizon = min(horizon, remaining_samples / predicted)
+        pays = gain * horizon > current * self.cost_s  # samples won > samples lost
         if best == self.split or not pays or gain <= self.cfg.margin * current:
             self._proposed = (None, 0)
             return None
@@ -184,7 +190,7 @@ def simulate_rebalancing(trainer_rate_per_chip: float, generator_rate_per_chip: 
         eps = rng.lognormal(0.0, noise, 2)
         pol.observe(trainer_rate_per_chip * t_chips * eps[0],
                     generator_rate_per_chip * g_chips * eps[1])
-        decision = pol.decide(step)
+        decision = pol.decide(step, remaining_samples=(steps - step - 1) * batch)
         if decision is not None:
             step_s[-1] += move_cost_s
             pol.moved(decision, move_cost_s)

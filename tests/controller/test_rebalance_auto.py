@@ -15,13 +15,14 @@ from jaxrl.controller.metrics import read_metrics
 @pytest.mark.slow
 def test_auto_moves_devices_to_a_slow_generator_and_the_trainer_idles_less(tmp_path):
     """6:2 in `sync` mode: step 0 compiles (not observed), steps 1-2 are observed, the policy
-    moves after step 2; steps 3-4 settle (3 recompiles the train step, 4 trains on the rebuilt
-    engine's first batch, which compiled it) and step 5 measures the move. Then `--resume`
+    (assuming a free move: in a 6-step run no other would pay) moves after step 2; steps 3-4
+    settle (3 recompiles the train step, 4 trains on the rebuilt engine's first batch, which
+    compiled it) and step 5 measures the move. Then `--resume`
     from the final checkpoint starts again from the configured 6:2 and loses no step."""
     cfg = tiny_run_config(tmp_path, name="auto", mesh=dict(trainer=(6, 1), generator=(2, 1)),
                           generate=dict(debug_chunk_delay_s=0.8),
                           pipeline=dict(steps=6, rebalance="auto", rebalance_min_interval=2,
-                                        rebalance_confirm=1),
+                                        rebalance_confirm=1, rebalance_cost_s=0.0),
                           train=dict(checkpoint_every=0))
     rows = read_metrics(jaxrl.run.run(cfg, progress=False, evaluate=False).run_dir)
     assert [r["step"] for r in rows] == list(range(6))
@@ -66,7 +67,7 @@ def test_a_moves_cost_counts_the_steps_that_recompile_after_it():
     from jaxrl.controller.rebalance import LiveRebalance
 
     cfg = PipelineConfig(mode="sync", steps=20, rebalance="auto", rebalance_min_interval=2,
-                         rebalance_confirm=1)
+                         rebalance_confirm=1, rebalance_cost_s=0.0)
     live = LiveRebalance(cfg, list(range(8)), 6, trainer_tp=1, generator_tp=1, learner=None,
                          pipeline=None, rebuild_generator=None, batch=16)
     live.move = lambda trainer_chips, mirrored=False: 2.0

@@ -56,3 +56,20 @@ def test_matched_split_does_not_move_on_noise_and_respects_feasibility():
     assert d is not None and d.new == (4, 4) and d.predicted_rate > d.current_rate
     pol.moved(d, measured_cost_s=2.0)
     assert pol.split == (4, 4) and pol.cost_s == 2.0 and "6:2 -> 4:4" in d.log_line()
+
+
+def test_a_move_must_pay_for_itself_before_the_run_ends():
+    """Trainer 3 and generator 1 samples/s per chip on 4:4 (periodic, batch 8): 4 samples/s now,
+    6 at the best split 2:6 (min(6, 6)). A 30 s move pays over 600 s (2 x 600 > 4 x 30) and over
+    the 120 s that 720 remaining samples take at 6/s (2 x 120 = 240 > 120), not over the 15 s of
+    90 remaining samples (2 x 15 = 30 < 120)."""
+    def policy():
+        pol = Rebalancer(8, 4, RebalanceConfig(min_interval=0, confirm=1, cost_s=30.0), batch=8)
+        pol.observe(12.0, 4.0)
+        assert pol.throughput(4, 4) == pytest.approx(4.0)
+        assert pol.throughput(2, 6) == pytest.approx(6.0)
+        return pol
+
+    assert policy().decide(0).new == (2, 6)
+    assert policy().decide(0, remaining_samples=720).new == (2, 6)
+    assert policy().decide(0, remaining_samples=90) is None
