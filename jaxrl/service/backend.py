@@ -8,8 +8,10 @@ arrays are only read and written by its own requests.
 
 `forward_backward` adds the gradient of the summed loss to the client's accumulator (Tinker's
 semantics: several calls then one `optim_step`); `optim_step` applies Adam with the request's
-hyper-parameters and clears it. Sampling goes through jaxrl's own engine (`JaxEngine` +
-`generate.api.sample`), one engine per adapter layout with the snapshot's weights swapped in.
+hyper-parameters and clears it. Sampling goes through jaxrl's own engine and scheduler: one
+`JaxEngine` per adapter layout with the snapshot's weights swapped in, and for queued requests
+of several LoRA snapshots of one layout (`sample_many`) one `MultiLoraEngine` run that decodes
+their different adapters in one batch.
 Every method runs on the server's single worker thread (see `server.py`).
 """
 
@@ -28,9 +30,10 @@ import optax
 from flax import nnx
 
 from jaxrl.config import LoraConfig, ModelConfig
-from jaxrl.generate import api as gen_api
 from jaxrl.generate.engine import JaxEngine
+from jaxrl.generate.multi_lora import MultiLoraEngine
 from jaxrl.generate.sampling import SamplingParams
+from jaxrl.generate.scheduler import Scheduler
 from jaxrl.models import lora
 from jaxrl.models.model import abstract_model
 from jaxrl.models.transformer import Transformer
@@ -158,9 +161,9 @@ class Backend:
 
     def __init__(self, cfg: ModelConfig, base: dict, name: str, *, max_len: int = 512,
                  num_slots: int = 8, eos_ids=(), max_batch_tokens: int = 65536,
-                 state_dir: str | os.PathLike | None = None):
+                 state_dir: str | os.PathLike | None = None, max_adapters: int = 8):
         """`state_dir`: where saved weights are written (they then survive a restart); None
-        keeps them in memory only."""
+        keeps them in memory only. `max_adapters`: LoRA snapshots decoded in one batch."""
         self.cfg, self.base, self.name = cfg, base, name
         self.store = None if state_dir is None else Store(state_dir)
         self.epoch = uuid.uuid4().hex[:8]  # model ids stay unique across restarts
@@ -170,6 +173,9 @@ class Backend:
         self.models: dict[str, TrainingModel] = {}
         self.snapshots: dict[str, Snapshot] = {}
         self._engines: dict = {}
+        self._multi: dict = {}  # LoRA layout -> (MultiLoraEngine, ids of the snapshots it holds)
+        self.max_adapters = max_adapters
+        self.sample_runs = self.sampled_requests = 0  # scheduler runs, the requests they served
         self._ids = itertools.count()
         self.base_graphdef = nnx.split(abstract_model(cfg))[0]
 
@@ -445,12 +451,65 @@ class Backend:
         return self._engines[key]
 
     def sample(self, snap: Snapshot | None, prompt: list[int], params: SamplingParams):
-        engine = self.engine(snap)
-        try:
-            engine.check_request(prompt, params.max_tokens, params.stop_token_ids)
-        except ValueError as e:
-            raise UserError(str(e)) from e
-        return gen_api.sample(engine, [prompt], params)
+        result = self.sample_many([(snap, prompt, params)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def sample_key(self, snap: Snapshot | None) -> tuple | None:
+        """Queued `sample` requests with equal keys run in one `sample_many` call: LoRA
+        snapshots of one layout. None (the base model, a full-parameter snapshot): alone."""
+        return None if snap is None or snap.lora is None else ("sample", snap.lora)
+
+    def sample_many(self, items: list[tuple[Snapshot | None, list[int], SamplingParams]]
+                    ) -> list:
+        """Each `(snapshot, prompt, params)`'s completions (ordered by sample index), or the
+        `UserError` that rejects it. Items of one snapshot share one scheduler run on that
+        snapshot's engine; of several snapshots (equal `sample_key`s), one run of a
+        `MultiLoraEngine` per `max_adapters` of them, each request on its own adapter."""
+        results: list = [None] * len(items)
+        snaps = list({id(snap): snap for snap, _, _ in items}.values())
+        if len(snaps) > 1 and len({self.sample_key(s) for s in snaps}) != 1:
+            raise ValueError("sample_many needs snapshots of one sample_key")
+        for g in range(0, len(snaps), self.max_adapters):
+            group = snaps[g:g + self.max_adapters]
+            index = {id(s): j for j, s in enumerate(group)}
+            engine = self.engine(group[0]) if len(group) == 1 else self._multi_engine(group)
+            scheduler = Scheduler(engine)
+            rid = {}
+            for i, (snap, prompt, params) in enumerate(items):
+                if id(snap) not in index:
+                    continue
+                kw = {} if len(group) == 1 else {"adapter": index[id(snap)]}
+                try:
+                    rid[scheduler.submit(prompt, params, **kw)] = i
+                    results[i] = []
+                except ValueError as e:  # the engine's checks: prompt, ids, KV cache room
+                    results[i] = UserError(str(e))
+            for c in scheduler.run():
+                results[rid[c.request_id]].append(c)
+            for i in rid.values():
+                results[i].sort(key=lambda c: c.sample_index)
+            self.sample_runs += 1
+            self.sampled_requests += len(rid)
+        return results
+
+    def _multi_engine(self, snaps: list[Snapshot]) -> MultiLoraEngine:
+        """The multi-adapter engine of the snapshots' layout, holding their adapters in order
+        (swapped in only when the set differs from the one it holds)."""
+        key = snaps[0].lora
+        if key not in self._multi:
+            model = nnx.merge(snaps[0].graphdef, lora.join(self.base, snaps[0].adapters))
+            engine = MultiLoraEngine(model, max_adapters=self.max_adapters,
+                                     num_slots=self.num_slots, max_len=self.max_len,
+                                     eos_ids=self.eos_ids)
+            self._multi[key] = (engine, None)
+        engine, held = self._multi[key]
+        ids = tuple(id(s) for s in snaps)
+        if held != ids:
+            engine.set_adapters(self.base, [s.adapters for s in snaps])
+            self._multi[key] = (engine, ids)
+        return engine
 
     def prompt_logprobs(self, snap: Snapshot | None, prompt: list[int]) -> np.ndarray:
         """log p(prompt[t] | prompt[:t]); NaN at t = 0 (no context)."""

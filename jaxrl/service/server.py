@@ -74,7 +74,7 @@ class Service:
             raise ValueError(f"full-parameter mode serves a single owner; got {len(self.keys)} "
                              "API keys")
         self.full_params = full_params
-        self.worker = Worker()  # batches queued forward_backward requests of any clients
+        self.worker = Worker()  # batches queued forward_backward / sample requests of any clients
         # request id -> (future, owner)
         self.futures: collections.OrderedDict[str, tuple] = collections.OrderedDict()
         self.sessions: set[str] = set()
@@ -361,14 +361,21 @@ class Service:
                                  self.backend.max_len)
         want_prompt_lp = bool(body.get("prompt_logprobs"))
 
-        def run():
-            done = self.backend.sample(snap, prompt, params)
-            plp = self.backend.prompt_logprobs(snap, prompt) if want_prompt_lp else None
-            return encode_sample_response(
-                [(c.tokens, c.logprobs, c.finish_reason) for c in done], plp)
+        def run_many(items):  # queued requests of one sample_key: one decode batch
+            done = self.backend.sample_many([(snap, prompt, params)
+                                             for snap, prompt, params, _ in items])
+            return [d if isinstance(d, Exception) else encode_sample_response(
+                [(c.tokens, c.logprobs, c.finish_reason) for c in d],
+                self.backend.prompt_logprobs(snap, prompt) if want_lp else None)
+                for d, (snap, prompt, _, want_lp) in zip(done, items, strict=True)]
 
+        item = (snap, prompt, params, want_prompt_lp)
         seq_ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(n)]
-        return self.submit(request, run, sample_sequence_ids=seq_ids)
+        key = self.backend.sample_key(snap)
+        if key is None:  # the base model or full parameters: alone
+            return self.submit(request, lambda: _raise_or_return(run_many([item])[0]),
+                               sample_sequence_ids=seq_ids)
+        return self.submit(request, run_many, item, key=key, sample_sequence_ids=seq_ids)
 
     # ------------------------------------------------------------------------------ the app
 
@@ -402,6 +409,12 @@ class Service:
 
 async def _json(payload):
     return web.json_response(payload)
+
+
+def _raise_or_return(result):
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def _chunk_tokens(chunk: dict) -> list[int]:
