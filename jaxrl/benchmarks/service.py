@@ -5,8 +5,10 @@ interleaved (one warm-up round first, untimed):
 
     inproc      the backend methods the server's worker runs, called directly (no HTTP, no SDK):
                 the peer, what the service costs on top of the compute; one adapter per step
-    inproc-batch  forward_backward only: the 4 adapters' requests in one batched step each
-                (`Backend.forward_backward_many`, what the worker runs when they are queued)
+    inproc-batch  the 4 adapters' requests batched as the worker runs them when they are queued:
+                forward_backward in one step each (`Backend.forward_backward_many`), sample in
+                one decode batch each (`Backend.sample_many`: a `MultiLoraEngine` run, every
+                slot on its own adapter)
     http-seq    the official SDK over HTTP, 4 single-adapter runs one after another (each
                 request waits for the one before)
     http-conc   the same 4 adapters' requests all in flight at once (the worker batches what is
@@ -14,7 +16,9 @@ interleaved (one warm-up round first, untimed):
 
 Each round, each of `--adapters` LoRA clients sends `--requests` `forward_backward` calls of
 `--batch` sequences x `--seq` tokens (cross-entropy), then `--requests` `sample` calls of
-`--samples` x `--max-tokens` tokens (EOS ignored) from its own saved weights.
+`--samples` x `--max-tokens` tokens (EOS ignored) from its own saved weights. The server decodes
+in `--slots` slots (default `--samples`: one request fills them; `--adapters` x `--samples` lets
+a batch of every adapter's request run at once).
 """
 
 from __future__ import annotations
@@ -41,9 +45,13 @@ def _parse(argv):
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--slots", type=int, default=0, help="decode slots (0: --samples)")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds per way")
     p.add_argument("--json", action="store_true", help="print one JSON line of results")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.slots < 0:
+        p.error(f"--slots must be >= 0 (0: --samples), got {args.slots}")
+    return args
 
 
 def main(argv: list[str]) -> int:
@@ -57,7 +65,7 @@ def main(argv: list[str]) -> int:
     from jaxrl.service.wire import Datum, ForwardBackwardRequest
 
     backend = Backend.load(args.base_model, max_len=args.seq + args.max_tokens + 8,
-                           num_slots=args.samples)
+                           num_slots=args.slots or args.samples)
     running = Running(Service(backend))
     rng = np.random.default_rng(0)
     seqs = rng.integers(3, 100, (args.batch, args.seq + 1))
@@ -69,7 +77,8 @@ def main(argv: list[str]) -> int:
     sample_tokens = args.adapters * args.requests * args.samples * args.max_tokens
     print(f"service: {args.base_model} ({backend.cfg.num_params() / 1e6:.2f}M params), "
           f"{args.adapters} adapters rank {args.rank}, {args.requests} requests each: "
-          f"forward_backward {args.batch}x{args.seq}, sample {args.samples}x{args.max_tokens}; "
+          f"forward_backward {args.batch}x{args.seq}, sample {args.samples}x{args.max_tokens} "
+          f"on {backend.num_slots} slots; "
           f"load {os.getloadavg()[0]:.1f}")
     client = None
     try:
@@ -101,6 +110,12 @@ def main(argv: list[str]) -> int:
                 for _ in range(args.requests):
                     backend.sample(snap, prompt, params)
 
+        def inproc_sample_batched():
+            for _ in range(args.requests):
+                for done in backend.sample_many([(snap, prompt, params) for snap in snaps]):
+                    if isinstance(done, Exception):
+                        raise done
+
         def http_fb(concurrent):
             futs = []
             for tc in tcs:
@@ -121,13 +136,13 @@ def main(argv: list[str]) -> int:
             [f.result() for f in futs]
 
         ways = {"inproc": (inproc_fb, inproc_sample),
-                "inproc-batch": (inproc_fb_batched, None),
+                "inproc-batch": (inproc_fb_batched, inproc_sample_batched),
                 "http-seq": (lambda: http_fb(False), lambda: http_sample(False)),
                 "http-conc": (lambda: http_fb(True), lambda: http_sample(True))}
         times = {(w, k): [] for w, fns in ways.items()
                  for k, fn in zip(("fb", "sample"), fns, strict=True) if fn is not None}
         worker = running.service.worker
-        conc_steps = conc_jobs = 0  # batched worker steps and the requests they ran (http-conc)
+        conc = {k: [0, 0] for k in ("fb", "sample")}  # http-conc: batched steps, their requests
         # compile every step size the worker can form (1, 2, 4, ..., max_batch adapters) before
         # timing: which sizes http-conc meets depends on arrival timing
         n = 1
@@ -144,9 +159,9 @@ def main(argv: list[str]) -> int:
                     fn()
                     if rnd:
                         times[way, kind].append(time.perf_counter() - t0)
-                        if (way, kind) == ("http-conc", "fb"):
-                            conc_steps += worker.batched_steps - before[0]
-                            conc_jobs += worker.batched_jobs - before[1]
+                        if way == "http-conc":
+                            conc[kind][0] += worker.batched_steps - before[0]
+                            conc[kind][1] += worker.batched_jobs - before[1]
         results = {}
         n_req = args.adapters * args.requests
         for (way, kind), ts in times.items():
@@ -162,12 +177,14 @@ def main(argv: list[str]) -> int:
                 r = results[f"{way}/{kind}"]
                 print(f"{kind:6s} {way:9s} {r['req_s']:7.2f} req/s {r['tok_s']:9.0f} tok/s  "
                       f"x{base / r['median_s']:.2f} of inproc")
-        for a, b in (("inproc-batch", "inproc"), ("http-conc", "http-seq")):
-            ratio = results[f"{b}/fb"]["median_s"] / results[f"{a}/fb"]["median_s"]
-            print(f"forward_backward {a} / {b}: x{ratio:.2f} throughput")
-        results["http-conc/fb"]["mean_batch"] = conc_jobs / conc_steps
-        print(f"http-conc forward_backward: {conc_jobs} requests in {conc_steps} worker steps, "
-              f"mean batch {conc_jobs / conc_steps:.2f}")
+        for kind, name in (("fb", "forward_backward"), ("sample", "sample")):
+            for a, b in (("inproc-batch", "inproc"), ("http-conc", "http-seq")):
+                ratio = results[f"{b}/{kind}"]["median_s"] / results[f"{a}/{kind}"]["median_s"]
+                print(f"{name} {a} / {b}: x{ratio:.2f} throughput")
+            steps, jobs = conc[kind]
+            results[f"http-conc/{kind}"]["mean_batch"] = jobs / steps if steps else 0.0
+            print(f"http-conc {name}: {jobs} requests in {steps} batched worker steps, "
+                  f"mean batch {jobs / steps if steps else 0:.2f}")
         print(f"load after {os.getloadavg()[0]:.1f}")
         if args.json:
             print(json.dumps(results))
