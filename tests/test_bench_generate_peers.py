@@ -106,3 +106,12 @@ def test_cli_errors_before_jax(argv, expect):
                          cwd=ROOT, timeout=120)
     assert res.returncode == 2, res.stderr
     assert expect in res.stderr
+
+
+def test_ct2_pin_matches_the_bench_extra():
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["bench"]
+    assert f"ctranslate2=={generate_peers.CT2_VERSION}" in extra
+    assert f"ctranslate2=={generate_peers.CT2_VERSION}" in generate_peers.venv_specs()["ct2"]
