@@ -38,6 +38,29 @@ def resolve_impl(impl: str) -> str:
     return "pallas" if jax.default_backend() in ("tpu", "gpu") else "xla"
 
 
+@jax.custom_vjp
+def masked_softmax(scores, mask):
+    """`jax.nn.softmax(where(mask, scores, -1e30), axis=-1)` whose backward keeps only the
+    output y (and the mask): d scores = y * (g - sum(g * y)), 0 where masked. Differentiated as
+    written, it keeps the masked scores, their `exp` and y -- three f32 [B, K, G, T, S] arrays
+    per attention block, a tenth of the train step's activations at short lengths
+    (docs/benchmarks.md, memory of the RL step)."""
+    return jax.nn.softmax(jnp.where(mask, scores, _NEG_INF), axis=-1)
+
+
+def _masked_softmax_fwd(scores, mask):
+    y = masked_softmax(scores, mask)
+    return y, (y, mask)  # the mask as passed: broadcast over heads, bool
+
+
+def _masked_softmax_bwd(res, g):
+    y, mask = res  # masked scores get no gradient (a row that sees no key is uniform in y)
+    return jnp.where(mask, y * (g - jnp.sum(g * y, axis=-1, keepdims=True)), 0.0), None
+
+
+masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
+
+
 def _masked_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale):
     """Reference attention with grouped-query heads and an explicit boolean mask (f32 softmax)."""
     b, t, hq, d = q_BTHD.shape
@@ -46,8 +69,8 @@ def _masked_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale):
     scores_BKGTS = jnp.einsum(
         "btkgd,bskd->bkgts", q_BTKGD, k_BSKD, preferred_element_type=jnp.float32
     ) * scale
-    scores_BKGTS = jnp.where(mask_BTS[:, None, None, :, :], scores_BKGTS, _NEG_INF)
-    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKD.dtype)
+    probs_BKGTS = masked_softmax(scores_BKGTS, mask_BTS[:, None, None, :, :])
+    probs_BKGTS = probs_BKGTS.astype(v_BSKD.dtype)
     out_BTKGD = jnp.einsum("bkgts,bskd->btkgd", probs_BKGTS, v_BSKD)
     return out_BTKGD.reshape(b, t, hq, d)
 
