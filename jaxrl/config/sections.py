@@ -287,6 +287,11 @@ class GenerateConfig:
     # output channel, weight-only; the trainer keeps its precision; behaviour logprobs come from
     # the int8 policy, so pair it with an off-policy correction such as train.correction)
     quantize: Quantize = "none"
+    # each publish joins the generator's q/k/v and dense gate/up projections into one wider
+    # matmul each (jaxrl/models/transformer.py, fuse_projections; docs/benchmarks.md, "Generator
+    # decode"); not applied to LoRA runs (adapters target the unfused projections). The trainer,
+    # checkpoints and HF export keep the unfused layout.
+    fuse_projections: bool = False
     # for tests and benchmarks only: an artificially slow generator. Each decode chunk sleeps
     # this many seconds divided by the generator's device count (work its chips share evenly, so
     # it speeds up with chips as a compute-bound generator would; simulated CPU devices share the

@@ -237,10 +237,10 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
         graphdef, abstract = nnx.split(abstract_model(gen_cfg))
         targets = pure_state_shardings(abstract, mesh, "generator")
         sync = WeightSync(targets, dtype=gen_dtype, gather=gather)
-        quantize = None
-        if int8:  # moved in generate.dtype, then quantized on the generator mesh
-            quantize = int8_quantizer(gen_cfg, mesh, graphdef)
-            graphdef = nnx.graphdef(abstract_model(gen_cfg, int8=True))
+        quantize, fuse = None, cfg.generate.fuse_projections
+        if int8 or fuse:  # moved in generate.dtype, then fused / quantized on the generator mesh
+            quantize = int8_quantizer(gen_cfg, mesh, graphdef, int8=int8, fuse=fuse)
+            graphdef = nnx.graphdef(abstract_model(gen_cfg, int8=int8, fused=fuse))
         publisher = GeneratorPublisher(sync, graphdef, quantize)
         gen_params = publisher.publish(trainer_params, version)[0]
     kind, split = JaxEngine, {}
@@ -300,19 +300,21 @@ def live_rebalance(cfg: RunConfig, model_cfg, meshes, learner, pipeline, produce
     return live
 
 
-def int8_quantizer(gen_cfg, mesh, plain_graphdef):
-    """The jitted `params -> int8 params` of `generate.quantize="int8"`, on the generator mesh:
-    `plain_graphdef`'s model (no adapters) quantized, laid out as the quantized model's
-    shardings (`jaxrl.models.quant`)."""
+def int8_quantizer(gen_cfg, mesh, plain_graphdef, *, int8: bool = True, fuse: bool = False):
+    """The jitted `params -> params` of the generator's own copy, on the generator mesh:
+    `plain_graphdef`'s model (no adapters) with its projections fused
+    (`generate.fuse_projections`) and/or quantized (`generate.quantize="int8"`), laid out as
+    the transformed model's shardings (`jaxrl.models.quant.generator_state_fn`)."""
     from flax import nnx
 
     from jaxrl.models.model import abstract_model
-    from jaxrl.models.quant import quantized_state_fn
+    from jaxrl.models.quant import generator_state_fn
     from jaxrl.sharding import pure_state_shardings
 
     plain_cfg = dataclasses.replace(gen_cfg, lora=type(gen_cfg.lora)())
-    abstract = nnx.state(abstract_model(plain_cfg, int8=True))
-    return quantized_state_fn(plain_graphdef, pure_state_shardings(abstract, mesh, "generator"))
+    abstract = nnx.state(abstract_model(plain_cfg, int8=int8, fused=fuse))
+    return generator_state_fn(plain_graphdef, pure_state_shardings(abstract, mesh, "generator"),
+                              int8=int8, fuse=fuse)
 
 
 def lora_publisher(gen_cfg, mesh, base, gather, *, int8: bool = False):

@@ -143,9 +143,10 @@ class GeneratorPublisher:
     """The pipeline's `publish`: reshard trainer params with a `WeightSync`, rebuild the generator
     model's state from them (`graphdef`), and report the sync's time, bytes and bandwidth.
 
-    `quantize` (`generate.quantize="int8"`): a jitted `params -> params` run on the generator
-    mesh after the move (`jaxrl.models.quant.quantized_state_fn`); `graphdef` is then the
-    quantized model's. The trainer's copy keeps its precision."""
+    `quantize` (`generate.quantize="int8"` and/or `generate.fuse_projections`): a jitted
+    `params -> params` run on the generator mesh after the move
+    (`jaxrl.models.quant.generator_state_fn`, timed as `pipeline/quantize_s`); `graphdef` is then
+    the transformed model's. The trainer's copy keeps its precision and layout."""
 
     def __init__(self, sync: WeightSync, graphdef, quantize=None):
         self.sync, self.graphdef, self.quantize = sync, graphdef, quantize

@@ -11,12 +11,19 @@ from jaxrl.models.transformer import Transformer
 from jaxrl.sharding import Role, state_shardings
 
 
-def abstract_model(cfg: ModelConfig, seed: int = 0, *, int8: bool = False) -> Transformer:
-    """The model with `ShapeDtypeStruct` leaves (no memory allocated); `int8`: the generator's
-    quantized copy (`Transformer.quantize_int8`)."""
-    if int8:
-        return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)).quantize_int8())
-    return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)))
+def abstract_model(cfg: ModelConfig, seed: int = 0, *, int8: bool = False,
+                   fused: bool = False) -> Transformer:
+    """The model with `ShapeDtypeStruct` leaves (no memory allocated); the generator's copy
+    with `fused` projections (`Transformer.fuse_projections`) and/or `int8` ones
+    (`Transformer.quantize_int8`)."""
+
+    def build():
+        model = Transformer(cfg, rngs=nnx.Rngs(seed))
+        if fused:
+            model.fuse_projections()
+        return model.quantize_int8() if int8 else model
+
+    return nnx.eval_shape(build)
 
 
 def create_model(

@@ -50,23 +50,27 @@ def int8_einsum(spec: str, x, q, scale):
     return (out * _lead(scale, out.ndim)).astype(x.dtype)
 
 
-def quantized_state_fn(graphdef, out_shardings=None):
-    """A jitted `params -> quantized pure dict`: the plain model `graphdef` filled with `params`
-    (a pure dict, as the weight sync moves them), its projections quantized
-    (`Transformer.quantize_int8`). `out_shardings`: the quantized model's (generator mesh)."""
+def generator_state_fn(graphdef, out_shardings=None, *, int8: bool = True, fuse: bool = False):
+    """A jitted `params -> pure dict` of the generator's own copy: the plain model `graphdef`
+    filled with `params` (a pure dict, as the weight sync moves them), its q/k/v and gate/up
+    projections fused (`fuse`, `Transformer.fuse_projections`), then quantized (`int8`,
+    `Transformer.quantize_int8`). `out_shardings`: the transformed model's (generator mesh)."""
     from flax import nnx
 
-    def quantize(params):
+    def transform(params):
         model = nnx.merge(graphdef, params)
-        model.quantize_int8()
+        if fuse:
+            model.fuse_projections()
+        if int8:
+            model.quantize_int8()
         return nnx.state(model).to_pure_dict()
 
-    return jax.jit(quantize, out_shardings=out_shardings)
+    return jax.jit(transform, out_shardings=out_shardings)
 
 
 def int8_copy(model):
     """A quantized copy of a `Transformer` (the original keeps its weights): for benchmarks,
-    tests and offline sampling; a run's publish uses `quantized_state_fn`."""
+    tests and offline sampling; a run's publish uses `generator_state_fn`."""
     from flax import nnx
 
     copy = nnx.merge(*nnx.split(model))

@@ -157,6 +157,17 @@ def _quantize_projections(module, contracted: dict[str, int]) -> None:
     module.int8 = True
 
 
+def _check_fusable(module, lora_enabled: bool) -> None:
+    name = type(module).__name__
+    if module.fused:
+        raise ValueError(f"{name}'s projections are already fused")
+    if module.int8:
+        raise ValueError(f"{name} is quantized: fuse the projections before quantize_int8()")
+    if lora_enabled:
+        raise ValueError(f"{name} has LoRA adapters: fused projections take no adapters (merge "
+                         "them first; multi-adapter decode needs the unfused layout)")
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_size
@@ -164,6 +175,7 @@ class Attention(nnx.Module):
         std = 0.02
         self.cfg = cfg
         self.int8 = False  # quantize_int8() swaps the projections for int8 + scales
+        self.fused = False  # fuse_projections() joins q/k/v into qkv_proj
         self.q_proj = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd, std)
         self.k_proj = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd, std)
         self.v_proj = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd, std)
@@ -189,10 +201,46 @@ class Attention(nnx.Module):
 
     def quantize_int8(self) -> None:
         """Hold q/k/v/o in int8 with per-output-channel scales (`jaxrl.models.quant`)."""
-        _quantize_projections(self, {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2})
+        inputs = {"qkv_proj": 1} if self.fused else {"q_proj": 1, "k_proj": 1, "v_proj": 1}
+        _quantize_projections(self, {**inputs, "o_proj": 2})
+
+    def fuse_projections(self) -> None:
+        """Join q/k/v (and their biases) into one `qkv_proj [E, K, G+2, D]` (G = H/K query heads
+        per kv head): per kv head, its G query heads, then its key, then its value, so one dot
+        computes all three and a `kv_heads` shard holds whole groups. Inference only."""
+        _check_fusable(self, self.cfg.lora.enabled)
+        h, k = self.cfg.num_heads, self.cfg.num_kv_heads
+
+        def join(q, k_, v, axis):  # q [..., H, D] -> [..., K, G, D]; k, v [..., K, 1, D]
+            q = q.reshape(*q.shape[:axis], k, h // k, q.shape[-1])
+            return jnp.concatenate([q, jnp.stack([k_, v], axis=axis + 1)], axis=axis + 1)
+
+        qkv = join(self.q_proj[...], self.k_proj[...], self.v_proj[...], 1)
+        self.qkv_proj = nnx.Param(qkv, logical_axes=("embed", "kv_heads", None, "head_dim"))
+        del self.q_proj, self.k_proj, self.v_proj
+        if self.cfg.qkv_bias:
+            qkv = join(self.q_bias[...], self.k_bias[...], self.v_bias[...], 0)
+            self.qkv_bias = nnx.Param(qkv, logical_axes=("kv_heads", None, "head_dim"))
+            del self.q_bias, self.k_bias, self.v_bias
+        self.fused = True
+
+    def _fused_qkv(self, x_BTE):
+        """q, k, v from the one `qkv_proj` dot (`fuse_projections`)."""
+        dt = x_BTE.dtype
+        out_BTKGD = _project(self, "qkv_proj", "bte,ekgd->btkgd", x_BTE, dt)
+        if self.cfg.qkv_bias:
+            out_BTKGD = out_BTKGD + self.qkv_bias[...].astype(dt)[None, None]
+        b, t, _, g2, d = out_BTKGD.shape
+        q = out_BTKGD[:, :, :, : g2 - 2].reshape(b, t, self.cfg.num_heads, d)
+        return q, out_BTKGD[:, :, :, g2 - 2], out_BTKGD[:, :, :, g2 - 1]
 
     def _qkv(self, x_BTE, rope):
         dt, ad = x_BTE.dtype, self.cfg.lora
+        if self.fused:
+            q, k, v = self._fused_qkv(x_BTE)
+            if self.cfg.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            return apply_rope(q, rope), apply_rope(k, rope), v
         q = _project(self, "q_proj", "bte,ehd->bthd", x_BTE, dt)
         k = _project(self, "k_proj", "bte,ekd->btkd", x_BTE, dt)
         v = _project(self, "v_proj", "bte,ekd->btkd", x_BTE, dt)
@@ -238,6 +286,7 @@ class MLP(nnx.Module):
         self.lora = cfg.lora
         self.sizes = (e, f)
         self.int8 = False  # quantize_int8() swaps the projections for int8 + scales
+        self.fused = False  # fuse_projections() joins gate/up into gate_up_proj
 
     def add_lora(self, rngs: nnx.Rngs) -> None:
         e, f = self.sizes
@@ -247,10 +296,24 @@ class MLP(nnx.Module):
 
     def quantize_int8(self) -> None:
         """Hold gate/up/down in int8 with per-output-channel scales (`jaxrl.models.quant`)."""
-        _quantize_projections(self, {"gate_proj": 1, "up_proj": 1, "down_proj": 1})
+        inputs = {"gate_up_proj": 1} if self.fused else {"gate_proj": 1, "up_proj": 1}
+        _quantize_projections(self, {**inputs, "down_proj": 1})
+
+    def fuse_projections(self) -> None:
+        """Join gate and up into one `gate_up_proj [E, 2, F]` (one dot for both; an `mlp` shard
+        holds both halves of its slice). Inference only."""
+        _check_fusable(self, bool(self.lora.enabled))
+        gate_up = jnp.stack([self.gate_proj[...], self.up_proj[...]], axis=1)
+        self.gate_up_proj = nnx.Param(gate_up, logical_axes=("embed", None, "mlp"))
+        del self.gate_proj, self.up_proj
+        self.fused = True
 
     def __call__(self, x_BTE):
         dt = x_BTE.dtype
+        if self.fused:
+            gate_up_BT2F = _project(self, "gate_up_proj", "bte,egf->btgf", x_BTE, dt)
+            h_BTF = jax.nn.silu(gate_up_BT2F[:, :, 0]) * gate_up_BT2F[:, :, 1]
+            return _project(self, "down_proj", "btf,fe->bte", h_BTF, dt)
         adapted = any(t in ("gate", "up", "down") for t in self.lora.targets) and self.lora.rank
         if not adapted and not self.int8:
             w = (self.gate_proj[...], self.up_proj[...], self.down_proj[...])
@@ -345,6 +408,17 @@ class Transformer(nnx.Module):
             layer.attn.quantize_int8()
             if not layer.sparse:
                 layer.mlp.quantize_int8()
+        return self
+
+    def fuse_projections(self) -> Transformer:
+        """The generator's fused copy (`generate.fuse_projections`): in every decoder layer, q/k/v
+        become one projection and a dense MLP's gate/up another, in place (one wider dot each
+        instead of three and two). Call before `quantize_int8`; refused with LoRA adapters.
+        Inference only; checkpoints and HF export read the unfused layout."""
+        for layer in self.layers:
+            layer.attn.fuse_projections()
+            if not layer.sparse:
+                layer.mlp.fuse_projections()
         return self
 
     def _embed(self, tokens_BT):
