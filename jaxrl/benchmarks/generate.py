@@ -1,6 +1,6 @@
 """Decode throughput of jaxrl's generator, optionally against `transformers.generate`.
 
-    python launch/bench.py generate [--vs hf] [--quantize int8] [--batch 32 --prompt 64 ...]
+    python launch/bench.py generate [--vs hf] [--quantize int8] [--fuse] [--batch 32 ...]
 
 Both sides use the same weights (saved by jaxrl, loaded by `transformers`), the same prompts, the
 same sampling settings and exactly `--new` new tokens per sample (no EOS). Reports end-to-end
@@ -8,7 +8,9 @@ tokens/s (prefill included), decode-only tokens/s, and the fraction of the machi
 the decode steps reach: bytes (weights + valid KV) per step against a measured memory bandwidth,
 and FLOPs per step against a measured f32 matmul peak. `--quantize int8` also times the weight-only
 int8 generator (`generate.quantize`), interleaved with the unquantized one in the same process
-(alternating which goes first), and reports the median of the paired tokens/s ratios.
+(alternating which goes first), and reports the median of the paired tokens/s ratios. `--fuse`
+does the same for fused q/k/v and gate/up projections against the unfused generator (both int8
+with `--quantize int8`).
 
 `--vs hf` alone runs `transformers` in this process after jaxrl, not interleaved (load hits the
 two sides differently); `--vs hf,ct2` (or `--isolated`) runs each engine -- jaxrl,
@@ -58,6 +60,10 @@ def _parse(argv):
                         "torch.cuda.synchronize)")
     p.add_argument("--quantize", choices=["none", "int8"], default="none",
                    help="int8: also time the int8 generator, interleaved with the plain one")
+    p.add_argument("--fuse", action="store_true",
+                   help="also time the generator with fused q/k/v and gate/up projections "
+                        "(generate.fuse_projections), interleaved with the unfused one; with "
+                        "--quantize int8, both sides int8")
     p.add_argument("--threads", type=int, default=2,
                    help="torch threads (and CTranslate2 intra_threads) of the peers")
     p.add_argument("--repeats", type=int, default=2,
@@ -167,22 +173,37 @@ def run_jax(model, prompts, args) -> dict[str, float]:
     return min(runs, key=lambda r: r["total_s"])
 
 
-def run_jax_vs_int8(model, prompts, args) -> tuple[dict, dict, float]:
-    """(plain best, int8 best, median of the paired int8/plain tokens/s ratios): both engines
-    compiled first, then `repeats` rounds, each timing both, the order alternating."""
+def _variant(model, args):
+    """The generator copy under test: fused projections (`--fuse`), then int8 (`--quantize`)."""
+    from flax import nnx
+
     from jaxrl.models.quant import int8_copy
 
-    engines = {"plain": _engine(model, args), "int8": _engine(int8_copy(model), args)}
+    copy = nnx.merge(*nnx.split(model))
+    if args.fuse:
+        copy.fuse_projections()
+    return int8_copy(copy) if args.quantize == "int8" else copy
+
+
+def run_jax_vs(model, prompts, args, baseline=None) -> tuple[dict, dict, float]:
+    """(baseline best, variant best, median of the paired variant/baseline tokens/s ratios and
+    of the decode-only ones): `baseline` (default `model`) against `_variant(model)`, both
+    engines compiled first, then `repeats` rounds, each timing both, the order alternating."""
+    variant = _variant(model, args)
+    engines = {"plain": _engine(model if baseline is None else baseline, args),
+               "variant": _engine(variant, args)}
     for engine in engines.values():
         _one_run(engine, prompts, args)  # compiles
-    runs: dict[str, list] = {"plain": [], "int8": []}
+    runs: dict[str, list] = {"plain": [], "variant": []}
     for r in range(args.repeats):
-        for side in ("plain", "int8") if r % 2 == 0 else ("int8", "plain"):
+        for side in ("plain", "variant") if r % 2 == 0 else ("variant", "plain"):
             runs[side].append(_one_run(engines[side], prompts, args))
-    ratio = float(np.median([p["total_s"] / q["total_s"]
-                             for p, q in zip(runs["plain"], runs["int8"], strict=True)]))
+    pairs = list(zip(runs["plain"], runs["variant"], strict=True))
+    ratios = {key: float(np.median([p[key] / q[key] for p, q in pairs]))
+              for key in ("total_s", "decode_s")}
+    ratios["pairs"] = [round(p["total_s"] / q["total_s"], 3) for p, q in pairs]
     best = {k: min(v, key=lambda r: r["total_s"]) for k, v in runs.items()}
-    return best["plain"], best["int8"], ratio
+    return best["plain"], best["variant"], ratios
 
 
 def run_hf(path, prompts, args) -> dict[str, float]:
@@ -255,8 +276,15 @@ def run(args) -> dict[str, float]:
     machine = measure_machine()
     print(f"machine: memory bandwidth {machine['mem_gbps']:.1f} GB/s, "
           f"f32 matmul peak {machine['matmul_gflops']:.1f} GFLOP/s")
-    if args.quantize == "int8":
-        ours, int8, int8_ratio = run_jax_vs_int8(model, prompts, args)
+    if args.fuse:  # the baseline: unfused, and int8 when the fused side is
+        baseline = model
+        if args.quantize == "int8":
+            from jaxrl.models.quant import int8_copy
+
+            baseline = int8_copy(model)
+        ours, other, ratios = run_jax_vs(model, prompts, args, baseline)
+    elif args.quantize == "int8":
+        ours, other, ratios = run_jax_vs(model, prompts, args)
     else:
         ours = run_jax(model, prompts, args)
     step_s = ours["decode_s"] / ours["decode_steps"]
@@ -278,13 +306,19 @@ def run(args) -> dict[str, float]:
     print(f"roofline per decode step: {step_bytes / 1e6:.0f} MB -> "
           f"{results['bandwidth_frac']:.0%} of memory bandwidth; {step_flops / 1e9:.2f} GFLOP -> "
           f"{results['flops_frac']:.0%} of matmul peak")
-    if args.quantize == "int8":
-        results["int8_tokens_per_s"] = tokens / int8["total_s"]
-        results["int8_decode_tokens_per_s"] = tokens / int8["decode_s"]
-        results["int8_ratio"] = int8_ratio
-        print(f"jaxrl int8 (weight-only): {results['int8_tokens_per_s']:.0f} tok/s end to end, "
-              f"{results['int8_decode_tokens_per_s']:.0f} tok/s decode; int8 / {args.dtype} "
-              f"{int8_ratio:.2f}x (median of {args.repeats} interleaved pairs)")
+    if args.fuse or args.quantize == "int8":
+        name = "fused" if args.fuse else "int8"
+        base = f"unfused {'int8' if args.quantize == 'int8' else args.dtype}"
+        results[f"{name}_tokens_per_s"] = tokens / other["total_s"]
+        results[f"{name}_decode_tokens_per_s"] = tokens / other["decode_s"]
+        results[f"{name}_ratio"] = ratios["total_s"]
+        results[f"{name}_decode_ratio"] = ratios["decode_s"]
+        results[f"{name}_paired_ratios"] = ratios["pairs"]
+        label = "fused projections" if args.fuse else "int8 (weight-only)"
+        print(f"jaxrl {label}: {results[f'{name}_tokens_per_s']:.0f} tok/s end to end, "
+              f"{results[f'{name}_decode_tokens_per_s']:.0f} tok/s decode; {name} / "
+              f"{base if args.fuse else args.dtype} {ratios['total_s']:.3f}x end to end, "
+              f"{ratios['decode_s']:.3f}x decode (medians of {args.repeats} interleaved pairs)")
     if args.vs == "hf":
         from jaxrl.models import save_pretrained
 
