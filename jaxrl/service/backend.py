@@ -34,6 +34,7 @@ from jaxrl.generate.engine import JaxEngine
 from jaxrl.generate.multi_lora import MultiLoraEngine
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.generate.scheduler import Scheduler
+from jaxrl.generate.stops import StopText
 from jaxrl.models import lora
 from jaxrl.models.model import abstract_model
 from jaxrl.models.transformer import Transformer
@@ -161,10 +162,14 @@ class Backend:
 
     def __init__(self, cfg: ModelConfig, base: dict, name: str, *, max_len: int = 512,
                  num_slots: int = 8, eos_ids=(), max_batch_tokens: int = 65536,
-                 state_dir: str | os.PathLike | None = None, max_adapters: int = 8):
+                 state_dir: str | os.PathLike | None = None, max_adapters: int = 8,
+                 tokenizer=None):
         """`state_dir`: where saved weights are written (they then survive a restart); None
-        keeps them in memory only. `max_adapters`: LoRA snapshots decoded in one batch."""
+        keeps them in memory only. `max_adapters`: LoRA snapshots decoded in one batch.
+        `tokenizer`: the base model's (jaxrl's `load_tokenizer`), for stop strings; None: the
+        server takes stop token ids only."""
         self.cfg, self.base, self.name = cfg, base, name
+        self.decode = None if tokenizer is None else text_decoder(tokenizer)
         self.store = None if state_dir is None else Store(state_dir)
         self.epoch = uuid.uuid4().hex[:8]  # model ids stay unique across restarts
         max_len = min(max_len, cfg.max_position_embeddings)
@@ -189,21 +194,23 @@ class Backend:
 
             cfg = tiny_model_config() if ref == "tiny" else tiny_task_model_config()
             base = nnx.to_pure_dict(nnx.state(Transformer(cfg, rngs=nnx.Rngs(0))))
-            return cls(cfg, base, ref, eos_ids=(load_tokenizer("char").eos_id,), **kw)
+            tok = load_tokenizer("char")
+            return cls(cfg, base, ref, eos_ids=(tok.eos_id,), tokenizer=tok, **kw)
         from jaxrl.models.hf import load_pretrained
         from jaxrl.models.hub import resolve
 
         path = resolve(ref, what="--base-model")
         cfg, model = load_pretrained(path)
-        eos = ()
+        tok = None
         try:
             from jaxrl.tokenizers import load_tokenizer
 
-            eos = (load_tokenizer(str(path)).eos_id,)
-        except Exception:  # noqa: BLE001 - a checkpoint without a tokenizer samples to max_tokens
+            tok = load_tokenizer(str(path))
+        except Exception:  # noqa: BLE001 - no tokenizer: sample to max_tokens, stop ids only
             pass
         base = lora.split(nnx.to_pure_dict(nnx.state(model)))[0]
-        return cls(cfg, base, ref.rstrip("/"), eos_ids=eos, **kw)
+        eos = () if tok is None else (tok.eos_id,)
+        return cls(cfg, base, ref.rstrip("/"), eos_ids=eos, tokenizer=tok, **kw)
 
     # ------------------------------------------------------------------ training clients
 
@@ -216,13 +223,40 @@ class Backend:
         mcfg = dataclasses.replace(self.cfg, lora=lcfg)
         return lora.split(nnx.to_pure_dict(nnx.state(Transformer(mcfg, rngs=nnx.Rngs(seed)))))[1]
 
+    def _new_id(self, model_id: str | None) -> str:
+        if model_id is None:
+            return f"run-{self.epoch}-{next(self._ids)}"
+        if model_id in self.models:
+            raise UserError(f"model_id {model_id!r} already exists")
+        return model_id
+
     def create(self, lcfg: LoraConfig, seed: int | None = None) -> str:
         seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
         adapters = jax.jit(functools.partial(self._init_adapters, lcfg, seed))()
         zeros = lora.zeros_like(adapters)
-        model_id = f"run-{self.epoch}-{next(self._ids)}"
+        model_id = self._new_id(None)
         self.models[model_id] = TrainingModel(model_id, lcfg, self._graph(lcfg), adapters,
                                               zeros, lora.zeros_like(adapters))
+        return model_id
+
+    def create_from_state(self, path: str, with_optimizer: bool, model_id: str | None = None
+                          ) -> str:
+        """A training client whose weights (LoRA adapters, or all parameters) are the save at
+        `path`, its layout the save's; with its Adam moments and step count `with_optimizer`
+        (the save must hold them), else a fresh Adam. `model_id`: the id to give it (the SDK
+        names a client it creates this way itself)."""
+        s = self.snapshot(path)
+        if with_optimizer and s.mu is None:
+            raise UserError(f"{path} holds no optimizer state (save_weights_for_sampler saves "
+                            "weights only); load it without the optimizer, or use a save_state "
+                            "path")
+        model_id = self._new_id(model_id)
+        copy = lambda t: jax.tree.map(jnp.copy, t)
+        m = TrainingModel(model_id, s.lora, s.graphdef, copy(s.adapters),
+                          lora.zeros_like(s.adapters), lora.zeros_like(s.adapters))
+        if with_optimizer:
+            m.mu, m.nu, m.steps = copy(s.mu), copy(s.nu), s.steps
+        self.models[model_id] = m
         return model_id
 
     def create_full(self) -> str:
@@ -230,7 +264,7 @@ class Backend:
         are a copy of every base parameter and `lora` is None, so `lora.join(base, adapters)` is
         that copy and the same loss, Adam, save and sampling paths train and serve all of it."""
         params = jax.tree.map(jnp.copy, self.base)
-        model_id = f"run-{self.epoch}-{next(self._ids)}"
+        model_id = self._new_id(None)
         self.models[model_id] = TrainingModel(model_id, None, self.base_graphdef, params,
                                               lora.zeros_like(params), lora.zeros_like(params))
         return model_id
@@ -450,8 +484,9 @@ class Backend:
             self._engines[key].set_params(model, 0)
         return self._engines[key]
 
-    def sample(self, snap: Snapshot | None, prompt: list[int], params: SamplingParams):
-        result = self.sample_many([(snap, prompt, params)])[0]
+    def sample(self, snap: Snapshot | None, prompt: list[int], params: SamplingParams,
+               stop: tuple[str, ...] = ()):
+        result = self.sample_many([(snap, prompt, params, stop)])[0]
         if isinstance(result, Exception):
             raise result
         return result
@@ -461,14 +496,14 @@ class Backend:
         snapshots of one layout. None (the base model, a full-parameter snapshot): alone."""
         return None if snap is None or snap.lora is None else ("sample", snap.lora)
 
-    def sample_many(self, items: list[tuple[Snapshot | None, list[int], SamplingParams]]
-                    ) -> list:
-        """Each `(snapshot, prompt, params)`'s completions (ordered by sample index), or the
-        `UserError` that rejects it. Items of one snapshot share one scheduler run on that
-        snapshot's engine; of several snapshots (equal `sample_key`s), one run of a
-        `MultiLoraEngine` per `max_adapters` of them, each request on its own adapter."""
+    def sample_many(self, items: list[tuple]) -> list:
+        """Each `(snapshot, prompt, params[, stop])`'s completions (ordered by sample index), or
+        the `UserError` that rejects it. `stop`: stop strings (`stop_text`). Items of one
+        snapshot share one scheduler run on that snapshot's engine; of several snapshots (equal
+        `sample_key`s), one run of a `MultiLoraEngine` per `max_adapters` of them, each request
+        on its own adapter."""
         results: list = [None] * len(items)
-        snaps = list({id(snap): snap for snap, _, _ in items}.values())
+        snaps = list({id(item[0]): item[0] for item in items}.values())
         if len(snaps) > 1 and len({self.sample_key(s) for s in snaps}) != 1:
             raise ValueError("sample_many needs snapshots of one sample_key")
         for g in range(0, len(snaps), self.max_adapters):
@@ -477,11 +512,12 @@ class Backend:
             engine = self.engine(group[0]) if len(group) == 1 else self._multi_engine(group)
             scheduler = Scheduler(engine)
             rid = {}
-            for i, (snap, prompt, params) in enumerate(items):
+            for i, (snap, prompt, params, *stop) in enumerate(items):
                 if id(snap) not in index:
                     continue
                 kw = {} if len(group) == 1 else {"adapter": index[id(snap)]}
                 try:
+                    kw["stop_text"] = self.stop_text(stop[0] if stop else ())
                     rid[scheduler.submit(prompt, params, **kw)] = i
                     results[i] = []
                 except ValueError as e:  # the engine's checks: prompt, ids, KV cache room
@@ -493,6 +529,18 @@ class Backend:
             self.sample_runs += 1
             self.sampled_requests += len(rid)
         return results
+
+    def stop_text(self, strings: tuple[str, ...]) -> StopText | None:
+        """Stop strings as the scheduler's host-side check on decoded text (None: no strings).
+        The sample keeps the token that completes a string, as Tinker returns it (a
+        tinker-cookbook renderer splits its decoded sample on the stop string)."""
+        if not strings:
+            return None
+        if self.decode is None:
+            raise UserError(f"sample: stop strings need the base model's tokenizer, and "
+                            f"{self.name!r} has none (no tokenizer.json beside its weights); "
+                            "pass stop token ids")
+        return StopText(tuple(strings), self.decode)
 
     def _multi_engine(self, snaps: list[Snapshot]) -> MultiLoraEngine:
         """The multi-adapter engine of the snapshots' layout, holding their adapters in order
@@ -525,6 +573,28 @@ class Backend:
 
     def info(self) -> dict:
         return {"model_name": self.name, "max_context_length": self.max_len}
+
+
+def text_decoder(tokenizer):
+    """`decode(ids) -> str` for stop strings: special tokens kept (a stop string may be one's
+    text), and each id past the tokenizer's vocabulary (a padded embedding row) one U+FFFD, so
+    every id adds text (`StopText` looks back a window of ids as long as the string's bytes)."""
+    from jaxrl.tokenizers import CharTokenizer
+
+    if isinstance(tokenizer, CharTokenizer):
+        return functools.partial(tokenizer.decode, stop_at_eos=False, errors="replace")
+
+    def decode(ids):
+        text, run = [], []
+        for i in map(int, ids):
+            if 0 <= i < tokenizer.vocab_size:
+                run.append(i)
+                continue
+            text += [tokenizer.decode(run, skip_special_tokens=False), "\ufffd"]
+            run = []
+        return "".join(text) + tokenizer.decode(run, skip_special_tokens=False)
+
+    return decode
 
 
 def _saved_lora(meta: dict) -> LoraConfig | None:

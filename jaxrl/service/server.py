@@ -39,7 +39,7 @@ from aiohttp import web
 
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.service.backend import Backend, NotFound, UserError, lora_config
-from jaxrl.service.store import BadPath, check_name, parse_path
+from jaxrl.service.store import BadPath, check_model_id, check_name, parse_path
 from jaxrl.service.wire import (
     WireError,
     encode_forward_backward_output,
@@ -77,7 +77,7 @@ class Service:
         self.worker = Worker()  # batches queued forward_backward / sample requests of any clients
         # request id -> (future, owner)
         self.futures: collections.OrderedDict[str, tuple] = collections.OrderedDict()
-        self.sessions: set[str] = set()
+        self.sessions: dict[str, str | None] = {}  # session id -> owner
         self.samplers: dict[str, tuple] = {}  # session -> (weights path or None: base, owner)
         self.model_owner: dict[str, str | None] = {}
         self._ids = itertools.count()
@@ -188,14 +188,16 @@ class Service:
     async def create_session(self, request):
         await request.json()
         sid = f"session-{uuid.uuid4().hex[:12]}"
-        self.sessions.add(sid)
+        self.sessions[sid] = self._owner(request)
         return web.json_response({"type": "create_session", "session_id": sid})
 
     async def finish_session(self, request):
         """`ServiceClient.close(status)`: the session ends (idempotent; a session from before a
         restart is already gone). Its models stay: other sessions may hold their paths."""
         await request.json()
-        self.sessions.discard(request.match_info["sid"])
+        sid = request.match_info["sid"]
+        if sid in self.sessions and self._allowed(request, self.sessions[sid]):
+            del self.sessions[sid]
         return web.json_response(None)
 
     async def get_info(self, request):
@@ -277,7 +279,7 @@ class Service:
     async def load_weights(self, request):
         body = await request.json()
         if body.get("model_id") is None:
-            raise UserError("load_weights: create the training client first (load_state on it)")
+            return self._create_from_state(request, body)
         self._model(request, body["model_id"])
         self._snapshot(request, body["path"])
 
@@ -286,6 +288,41 @@ class Service:
             return {"type": "load_weights", "path": body["path"], "model_id": body["model_id"]}
 
         return self.submit(request, run, model_id=body["model_id"])
+
+    def _create_from_state(self, request, body):
+        """`create_training_client_from_state[_with_optimizer]`: a load that is the new client's
+        first request. The SDK names the client itself, `<session_id>:train:<model_seq_id>`, and
+        next asks `get_info` of that id. The session must be the caller's (one this server does
+        not know, e.g. from before a restart, is adopted by the caller)."""
+        sid, seq = body.get("session_id"), body.get("model_seq_id")
+        if sid is None or seq is None:
+            raise UserError("load_weights: name a model_id (load_state), or a session_id and "
+                            "model_seq_id (create_training_client_from_state)")
+        model_id = check_model_id(f"{check_name(sid, 'session_id')}:train:{int(seq)}")
+        if not self._allowed(request, self.sessions.setdefault(sid, self._owner(request))):
+            raise NotFound(f"unknown session {sid!r}")
+        if model_id in self.backend.models or self._owner_of_model(model_id)[0]:
+            raise UserError(f"model_id {model_id!r} already exists")
+        if body.get("base_model") is not None:
+            self._check_base(body["base_model"])
+        opt = (body.get("optimizer_config") or {}).get("type", "adamw")
+        if opt != "adamw":
+            raise UserError(f"optimizer {opt!r} is not supported (adamw only)")
+        snap = self._snapshot(request, body["path"])
+        if (snap.lora is None) != self.full_params:
+            kind = lambda full: "all parameters" if full else "LoRA adapters"
+            raise UserError(f"{body['path']} holds {kind(snap.lora is None)}; this server "
+                            f"trains {kind(self.full_params)}")
+        owner, with_optimizer = self._owner(request), bool(body.get("optimizer"))
+
+        def run():
+            self.backend.create_from_state(body["path"], with_optimizer, model_id)
+            self.model_owner[model_id] = owner
+            if self.backend.store is not None:
+                self.backend.store.save_owner(model_id, owner)
+            return {"type": "load_weights", "path": body["path"], "model_id": model_id}
+
+        return self.submit(request, run, model_id=model_id)
 
     async def save_weights_for_sampler(self, request):
         body = await request.json()
@@ -357,19 +394,21 @@ class Service:
             raise UserError("sample: target_prompt_logprobs is not supported by this server")
         prompt = [int(t) for c in body["prompt"]["chunks"] for t in _chunk_tokens(c)]
         n = int(body.get("num_samples", 1))
-        params = sampling_params(body.get("sampling_params") or {}, n, len(prompt),
-                                 self.backend.max_len)
+        sp = body.get("sampling_params") or {}
+        params = sampling_params(sp, n, len(prompt), self.backend.max_len)
+        stop = stop_strings(sp)
+        self.backend.stop_text(stop)  # refused here (no tokenizer), not after queueing
         want_prompt_lp = bool(body.get("prompt_logprobs"))
 
         def run_many(items):  # queued requests of one sample_key: one decode batch
-            done = self.backend.sample_many([(snap, prompt, params)
-                                             for snap, prompt, params, _ in items])
+            done = self.backend.sample_many([(snap, prompt, params, stop)
+                                             for snap, prompt, params, stop, _ in items])
             return [d if isinstance(d, Exception) else encode_sample_response(
                 [(c.tokens, c.logprobs, c.finish_reason) for c in d],
                 self.backend.prompt_logprobs(snap, prompt) if want_lp else None)
-                for d, (snap, prompt, _, want_lp) in zip(done, items, strict=True)]
+                for d, (snap, prompt, _, _, want_lp) in zip(done, items, strict=True)]
 
-        item = (snap, prompt, params, want_prompt_lp)
+        item = (snap, prompt, params, stop, want_prompt_lp)
         seq_ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(n)]
         key = self.backend.sample_key(snap)
         if key is None:  # the base model or full parameters: alone
@@ -424,12 +463,26 @@ def _chunk_tokens(chunk: dict) -> list[int]:
     return chunk["tokens"]
 
 
+def stop_strings(sp: dict) -> tuple[str, ...]:
+    """The stop strings of the SDK's `SamplingParams.stop` (a string or a list of them; () for
+    None or token ids)."""
+    stop = sp.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not any(isinstance(s, str) for s in stop):
+        return ()
+    if not all(isinstance(s, str) and s for s in stop):
+        raise UserError(f"sample: stop must be token ids or non-empty strings, not a mix; got "
+                        f"{stop!r}")
+    return tuple(stop)
+
+
 def sampling_params(sp: dict, n: int, prompt_len: int, max_len: int) -> SamplingParams:
     """The SDK's `SamplingParams` as jaxrl's. `stop`: None keeps EOS; `[]` samples through it;
-    token ids stop there; stop strings need a tokenizer and are refused."""
+    token ids stop there; stop strings (`stop_strings`: checked on the decoded text by the
+    scheduler) keep EOS as a stop too."""
     stop = sp.get("stop")
-    if isinstance(stop, str) or (isinstance(stop, list) and any(isinstance(s, str) for s in stop)):
-        raise UserError("sample: stop strings are not supported; pass stop token ids")
+    if stop_strings(sp):
+        stop = None
     max_tokens = sp.get("max_tokens")
     if max_tokens is None:
         max_tokens = max(1, min(128, max_len - prompt_len))

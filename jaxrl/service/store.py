@@ -30,6 +30,9 @@ import jax
 import numpy as np
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# model ids also take ':': the SDK names a client made from a saved state itself,
+# `<session_id>:train:<model_seq_id>` (create_training_client_from_state)
+_MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 KINDS = ("weights", "sampler_weights")
 
 
@@ -44,13 +47,20 @@ def check_name(name: str, what: str = "name") -> str:
     return name
 
 
+def check_model_id(model_id: str) -> str:
+    if not isinstance(model_id, str) or not _MODEL_ID.fullmatch(model_id) or ".." in model_id:
+        raise BadPath(f"model_id {model_id!r} must be 1-128 characters of letters, digits, '.', "
+                      "'_', ':' or '-', starting with a letter or digit")
+    return model_id
+
+
 def parse_path(path: str) -> tuple[str, str, str]:
     """`tinker://<model_id>/<kind>/<name>` -> (model_id, kind, name)."""
     parts = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") else []
     if len(parts) != 3 or parts[1] not in KINDS:
         raise BadPath(f"weights path {path!r} is not tinker://<model_id>/<kind>/<name> with kind "
                       f"in {KINDS}")
-    return check_name(parts[0], "model_id"), parts[1], check_name(parts[2])
+    return check_model_id(parts[0]), parts[1], check_name(parts[2])
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -140,14 +150,14 @@ class Store:
         return {"owner": None, **json.loads(file.read_text())}
 
     def save_owner(self, model_id: str, owner: str | None) -> None:
-        check_name(model_id, "model_id")
+        check_model_id(model_id)
         atomic_write(self.root / "owners" / f"{model_id}.json",
                      json.dumps({"owner": owner}).encode())
 
     def owner(self, model_id: str) -> tuple[bool, str | None]:
         """(known, owner) of a training client made by this or an earlier run."""
         try:
-            check_name(model_id, "model_id")
+            check_model_id(model_id)
         except BadPath:
             return False, None
         file = self.root / "owners" / f"{model_id}.json"
