@@ -1,18 +1,22 @@
 """Build a Hugging Face cache under which a tinker-cookbook recipe runs offline against jaxrl's
 service: `python examples/cookbook_offline_cache.py HF_HOME`.
 
-The cookbook's `sl_loop` recipe needs, before its first request, the tokenizer of its model
-name, that name in the cookbook's table of models, and `HuggingFaceH4/no_robots` from the Hub.
-This writes, with no network, in the layouts `huggingface_hub` and `datasets` read offline:
+The cookbook's `sl_loop` and `rl_loop` recipes need, before their first request, the tokenizer
+of their model name, that name in the cookbook's table of models, and a dataset from the Hub
+(`HuggingFaceH4/no_robots`; `openai/gsm8k`, config `main`). This writes, with no network, in
+the layouts `huggingface_hub` and `datasets` read offline:
 
 - `hub/models--thinkingmachineslabinc--meta-llama-3-instruct-tokenizer`: the tokenizer the
   cookbook loads for any `meta-llama/Llama-3*` name; here a byte-level one (256 byte tokens, no
   merges) plus Llama 3's special tokens (`<|begin_of_text|>`, `<|eot_id|>`, ...);
 - `hub/models--meta-llama--Llama-3.2-1B`: a random 2-layer jaxrl model (vocab 512, covering the
-  tokenizer's 261 ids), which `launch/serve.py --base-model meta-llama/Llama-3.2-1B` serves
-  under that name with `HF_HUB_OFFLINE=1`;
+  tokenizer's 261 ids) and the same tokenizer beside it, which `launch/serve.py --base-model
+  meta-llama/Llama-3.2-1B` serves under that name with `HF_HUB_OFFLINE=1` (the tokenizer lets
+  it serve `rl_loop`'s stop string);
 - `datasets/HuggingFaceH4___no_robots/default/0.0.0/<hash>`: 48 chat rows written here, in the
-  dataset's columns (`prompt`, `prompt_id`, `messages`, `category`), train and test splits.
+  dataset's columns (`prompt`, `prompt_id`, `messages`, `category`), train and test splits;
+- `datasets/openai___gsm8k/main/0.0.0/<hash>`: 32 train / 8 test sums in gsm8k's columns
+  (`question`, `answer` ending `#### <number>`).
 
 Then (docs/service.md, "tinker-cookbook"):
 
@@ -20,6 +24,9 @@ Then (docs/service.md, "tinker-cookbook"):
     python launch/serve.py --base-model meta-llama/Llama-3.2-1B --port 8000 &
     python -m tinker_cookbook.recipes.sl_loop base_url=http://127.0.0.1:8000 \\
         model_name=meta-llama/Llama-3.2-1B batch_size=8 max_steps=4 log_path=/tmp/sl
+    python -m tinker_cookbook.recipes.rl_loop base_url=http://127.0.0.1:8000 \\
+        model_name=meta-llama/Llama-3.2-1B batch_size=4 group_size=4 max_tokens=32 \\
+        max_steps=3 log_path=/tmp/rl
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from pathlib import Path
 TOKENIZER_REPO = "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer"
 MODEL_REPO = "meta-llama/Llama-3.2-1B"
 DATASET_REPO = "HuggingFaceH4/no_robots"
+GSM8K_REPO = "openai/gsm8k"
 SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
            "<|eot_id|>"]
 REVISION = "0" * 40  # the snapshot's (made-up) commit
@@ -97,34 +105,51 @@ def rows(n: int, split: str) -> list[dict]:
     return out
 
 
-def write_dataset(hf_home: Path) -> Path:
+def gsm8k_rows(n: int, split: str) -> list[dict]:
+    """Sums in gsm8k's format: a word problem, worked steps, then `#### <answer>`."""
+    out = []
+    for i in range(n):
+        a, b = 3 + 7 * i % 41, 2 + 5 * i % 23
+        if split == "test":
+            a += 50
+        out.append({"question": f"Sam has {a} apples and picks {b} more. How many apples does "
+                                "Sam have now?",
+                    "answer": f"Sam has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples.\n"
+                              f"#### {a + b}"})
+    return out
+
+
+def write_dataset(hf_home: Path, repo: str = DATASET_REPO, config: str = "default",
+                  make_rows=rows, sizes=(("train", 48), ("test", 8))) -> Path:
     """Prepare the rows with the `json` builder, then move its cache entry to where an offline
-    `load_dataset("HuggingFaceH4/no_robots")` looks (datasets' `cache` module: the newest
-    `<cache>/HuggingFaceH4___no_robots/<config>/<version>/<hash>/` whose dataset_info.json names
-    that config)."""
+    `load_dataset(repo, config)` looks (datasets' `cache` module: the newest
+    `<cache>/<owner>___<name>/<config>/<version>/<hash>/` whose dataset_info.json names that
+    config)."""
     import datasets
 
     cache = hf_home / "datasets"
+    name = repo.split("/")[1]
     with tempfile.TemporaryDirectory() as tmp:
         files = {}
-        for split, n in (("train", 48), ("test", 8)):
+        for split, n in sizes:
             files[split] = str(Path(tmp) / f"{split}.jsonl")
-            Path(files[split]).write_text("".join(json.dumps(r) + "\n" for r in rows(n, split)))
+            Path(files[split]).write_text("".join(json.dumps(r) + "\n"
+                                                  for r in make_rows(n, split)))
         builder = datasets.load_dataset_builder("json", data_files=files,
                                                 cache_dir=str(Path(tmp) / "cache"))
         builder.download_and_prepare()
         src = Path(builder.cache_dir)
-        dest = cache / "HuggingFaceH4___no_robots" / "default" / "0.0.0" / src.name
+        dest = cache / repo.replace("/", "___") / config / "0.0.0" / src.name
         if dest.exists():
             shutil.rmtree(dest)
         dest.mkdir(parents=True)
         for f in src.iterdir():
             if f.suffix == ".arrow":  # json-train.arrow -> no_robots-train.arrow
-                shutil.copyfile(f, dest / f.name.replace("json-", "no_robots-", 1))
+                shutil.copyfile(f, dest / f.name.replace("json-", f"{name}-", 1))
         info = json.loads((src / "dataset_info.json").read_text())
-        info.update(config_name="default", dataset_name="no_robots", builder_name="no_robots")
+        info.update(config_name=config, dataset_name=name, builder_name=name)
         for split in info.get("splits", {}).values():
-            split["dataset_name"] = "no_robots"
+            split["dataset_name"] = name
         (dest / "dataset_info.json").write_text(json.dumps(info))
     return dest
 
@@ -134,11 +159,14 @@ def main(argv: list[str]) -> int:
         raise SystemExit("usage: python examples/cookbook_offline_cache.py HF_HOME")
     hf_home = Path(argv[0]).absolute()
     vocab = write_tokenizer(snapshot(hf_home, TOKENIZER_REPO))
+    write_tokenizer(snapshot(hf_home, MODEL_REPO))
     write_model(snapshot(hf_home, MODEL_REPO), vocab_size=512)
     assert vocab <= 512, vocab
     print(f"tokenizer: {TOKENIZER_REPO} ({vocab} ids)")
     print(f"model: {MODEL_REPO} (random, tiny, vocab 512)")
     print(f"dataset: {DATASET_REPO} -> {write_dataset(hf_home)}")
+    gsm8k = write_dataset(hf_home, GSM8K_REPO, "main", gsm8k_rows, (("train", 32), ("test", 8)))
+    print(f"dataset: {GSM8K_REPO} (main) -> {gsm8k}")
     return 0
 
 

@@ -1,8 +1,8 @@
 """examples/cookbook_offline_cache.py writes a Hugging Face cache that the offline lookups
-tinker-cookbook's sl_loop makes (tokenizer by name, dataset by name) and `launch/serve.py
---base-model meta-llama/Llama-3.2-1B` (a Hub id resolved from the cache, as
-`snapshot_download(local_files_only=True)` here) all find. The recipe
-itself needs its own venv (docs/service.md, "tinker-cookbook"); this checks the cache only."""
+tinker-cookbook's sl_loop and rl_loop make (tokenizer by name, datasets by name) and
+`launch/serve.py --base-model meta-llama/Llama-3.2-1B` (a Hub id resolved from the cache, as
+`snapshot_download(local_files_only=True)` here) all find. The recipes
+themselves need their own venv (docs/service.md, "tinker-cookbook"); this checks the cache only."""
 
 import importlib.util
 import json
@@ -44,3 +44,9 @@ def test_offline_cache_serves_tokenizer_model_and_dataset(tmp_path, monkeypatch)
     ds = datasets.load_dataset(mod.DATASET_REPO, cache_dir=str(tmp_path / "datasets"))
     assert ds["train"].num_rows == 48 and ds["test"].num_rows == 8
     assert ds["train"][0]["messages"][1]["role"] == "assistant"
+
+    mod.write_dataset(tmp_path, mod.GSM8K_REPO, "main", mod.gsm8k_rows, (("train", 6),))
+    gsm = datasets.load_dataset(mod.GSM8K_REPO, "main", cache_dir=str(tmp_path / "datasets"))
+    row = gsm["train"][5]  # the answer after '####' is the sum the question asks for
+    a, b = (int(w) for w in row["question"].split() if w.isdigit())
+    assert gsm["train"].num_rows == 6 and row["answer"].endswith(f"#### {a + b}")
