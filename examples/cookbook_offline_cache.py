@@ -15,7 +15,7 @@ the layouts `huggingface_hub` and `datasets` read offline:
   it serve `rl_loop`'s stop string);
 - `datasets/HuggingFaceH4___no_robots/default/0.0.0/<hash>`: 48 chat rows written here, in the
   dataset's columns (`prompt`, `prompt_id`, `messages`, `category`), train and test splits;
-- `datasets/openai___gsm8k/main/0.0.0/<hash>`: 32 train / 8 test sums in gsm8k's columns
+- `datasets/openai___gsm8k/main/0.0.0/<hash>`: 32 train / 8 test one-digit sums in gsm8k's columns
   (`question`, `answer` ending `#### <number>`).
 
 Then (docs/service.md, "tinker-cookbook"):
@@ -106,12 +106,11 @@ def rows(n: int, split: str) -> list[dict]:
 
 
 def gsm8k_rows(n: int, split: str) -> list[dict]:
-    """Sums in gsm8k's format: a word problem, worked steps, then `#### <answer>`."""
+    """Sums in gsm8k's format: a word problem, worked steps, then `#### <answer>`. One-digit
+    sums (2..8): a model that writes `\\boxed{<digit>}` guesses some right."""
     out = []
     for i in range(n):
-        a, b = 3 + 7 * i % 41, 2 + 5 * i % 23
-        if split == "test":
-            a += 50
+        a, b = 1 + i % 4, 1 + (i // 4 + (split == "test")) % 4
         out.append({"question": f"Sam has {a} apples and picks {b} more. How many apples does "
                                 "Sam have now?",
                     "answer": f"Sam has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples.\n"
