@@ -32,6 +32,13 @@ def test_rounds_interleave_every_contender_in_turn():
     assert order == [(0, "A"), (0, "B"), (0, "C"), (1, "A"), (1, "B"), (1, "C")]
 
 
+def test_micro_batch_rows_pass_the_setting_to_the_worker():
+    cs = rl_step.contenders(["sync"], ["trl"], [1, 4])
+    assert [(c.name, c.args) for c in cs] == [
+        ("jaxrl-sync", ("sync", "1")), ("jaxrl-sync-mb4", ("sync", "4")), ("trl", ())]
+    assert rl_step.parse(["--micro-batches", "1,2,4"]).micro_batches == [1, 2, 4]
+
+
 def test_medians_and_paired_ratios():
     times = {("jaxrl-sync", 0): 10.0, ("trl", 0): 20.0, ("jaxrl-sync", 1): 30.0,
              ("trl", 1): 20.0, ("jaxrl-sync", 2): 12.0, ("trl", 2): 16.0}
@@ -113,6 +120,8 @@ def test_workload_text():
     (["--modes", "sync,sync"], "--modes takes distinct names"),
     (["--rounds", "0"], "--rounds must be >= 1"),
     (["--shape", "7b"], "invalid choice"),
+    (["--micro-batches", "3"], "--micro-batches takes distinct divisors of the 128 rows"),
+    (["--micro-batches", "4,4"], "--micro-batches takes distinct divisors"),
 ])
 def test_argument_errors_come_before_jax(argv, message):
     code = ("import sys; sys.path.insert(0, 'launch'); import bench\n"

@@ -1,7 +1,8 @@
 """One whole GRPO step on the same fixed workload in jaxrl and in its peers (TRL, Tunix).
 
     python launch/bench.py rl-step --vs tunix,trl [--shape 22m|100m] [--modes periodic,sync]
-                                   [--rounds 3] [--steps 3] [--warmup 2] [--cache-dir DIR]
+                                   [--micro-batches 1,4] [--rounds 3] [--steps 3] [--warmup 2]
+                                   [--cache-dir DIR]
 
 The workload (issue 22): a random-init Qwen2-shaped model saved once with `transformers` (f32), a
 byte tokenizer of 259 ids, 16 prompts of 40 tokens x 8 samples, exactly 64 new tokens (EOS
@@ -13,6 +14,10 @@ the median of its measured steps (after `--warmup` steps), and the summary gives
 rounds and the median of the per-round paired ratios, with the load average around each run.
 A contender fails loudly (and the command exits 1) unless it generated exactly the fixed number
 of new tokens per sample, loaded the saved weights (checksum) and changed them.
+
+`--micro-batches` runs each jaxrl mode once per value of `train.micro_batches` (rows
+`jaxrl-sync-mb4`, ...; 1 keeps the plain name). The default, 1, is what the TRL worker does: one
+forward/backward over all 128 rows (per_device_train_batch_size 128, no gradient accumulation).
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="peers, comma-separated: trl,tunix (or none)")
     p.add_argument("--modes", default="periodic,sync",
                    type=lambda v: _split(v, MODES, "--modes"), help="jaxrl pipeline modes")
+    p.add_argument("--micro-batches", default="1", type=_micro_batches,
+                   help="jaxrl's train.micro_batches, comma-separated (one row each)")
     p.add_argument("--shape", choices=list(SHAPES), default="22m")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=3, help="measured steps per run")
@@ -91,8 +98,25 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def contenders(modes: list[str], peers: list[str]) -> list[Contender]:
-    rows = [Contender(f"jaxrl-{m}", "jaxrl_worker.py", (m,)) for m in modes]
+def _micro_batches(value: str) -> list[int]:
+    """Distinct `train.micro_batches` values, each dividing the batch's rows (no padding)."""
+    rows = PROMPTS * GROUP
+    try:
+        ks = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        ks = []
+    if not ks or len(set(ks)) != len(ks) or any(k < 1 or rows % k for k in ks):
+        raise argparse.ArgumentTypeError(
+            f"--micro-batches takes distinct divisors of the {rows} rows per step "
+            f"(1,2,4,...), got {value!r}")
+    return ks
+
+
+def contenders(modes: list[str], peers: list[str],
+               micro_batches: tuple[int, ...] | list[int] = (1,)) -> list[Contender]:
+    rows = [Contender(f"jaxrl-{m}" + (f"-mb{k}" if k > 1 else ""), "jaxrl_worker.py",
+                      (m, str(k)))
+            for m in modes for k in micro_batches]
     return rows + [Contender(p, f"{p}_worker.py", (), p) for p in peers]
 
 
@@ -343,7 +367,7 @@ def fmt(x, spec=".2f") -> str:
 def main(argv: list[str]) -> int:
     args = parse(argv)
     cache = Path(args.cache_dir).expanduser()
-    cs = contenders(args.modes, args.vs)
+    cs = contenders(args.modes, args.vs, args.micro_batches)
     pythons: dict[str, str | None] = {}
     unavailable: dict[str, str] = {}
     specs = venv_specs()
