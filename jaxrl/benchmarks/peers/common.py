@@ -10,6 +10,7 @@ import json
 import resource
 import string
 import sys
+import time
 
 LOWER = frozenset(string.ascii_lowercase)
 TAG = "RLSTEP "  # the driver reads only the stdout lines that start with this
@@ -50,3 +51,14 @@ def load_workload(assets: str) -> dict:
     """`workload.json` written by the driver: shape, prompts, lengths, learning rate, paths."""
     with open(f"{assets}/workload.json") as f:
         return json.load(f)
+
+
+def emit_timed_runs(repeats: int, generate_once) -> None:
+    """Times `generate_once(i)` (the new ids of each sample) for i < `repeats`; one "run" line
+    each, with the samples' shortest and longest new lengths for the driver's length check."""
+    for i in range(repeats):
+        start = time.perf_counter()
+        new = generate_once(i)
+        total = time.perf_counter() - start
+        lengths = [len(t) for t in new]
+        emit("run", total_s=total, samples=len(new), new_min=min(lengths), new_max=max(lengths))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import common
@@ -52,13 +51,7 @@ def main(argv: list[str]) -> int:
     sample = dict(sampling_topk=w["top_k"], sampling_topp=w["top_p"],
                   sampling_temperature=w["temperature"])
     generate(prompts, 2, **sample)  # warm-up
-    for _ in range(w["repeats"]):
-        start = time.perf_counter()
-        new = generate(prompts, w["new_tokens"], **sample)
-        total = time.perf_counter() - start
-        lengths = [len(t) for t in new]
-        common.emit("run", total_s=total, samples=len(new), new_min=min(lengths),
-                    new_max=max(lengths))
+    common.emit_timed_runs(w["repeats"], lambda i: generate(prompts, w["new_tokens"], **sample))
     return 0
 
 

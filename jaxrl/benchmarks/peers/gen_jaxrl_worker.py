@@ -12,7 +12,6 @@ batch, exactly `new_tokens` each (no EOS ids), each printed as a `run` line.
 from __future__ import annotations
 
 import sys
-import time
 
 import common
 
@@ -47,13 +46,8 @@ def main(argv: list[str]) -> int:
         common.emit("greedy", tokens=generate(prompts[:w["greedy_prompts"]], greedy))
     sample = dict(temperature=w["temperature"], top_k=w["top_k"], top_p=w["top_p"])
     generate(prompts, SamplingParams(max_tokens=min(w["chunk_steps"], w["new_tokens"]), **sample))
-    for i in range(w["repeats"]):
-        start = time.perf_counter()
-        new = generate(prompts, SamplingParams(max_tokens=w["new_tokens"], seed=i, **sample))
-        total = time.perf_counter() - start
-        lengths = [len(t) for t in new]
-        common.emit("run", total_s=total, samples=len(new), new_min=min(lengths),
-                    new_max=max(lengths))
+    common.emit_timed_runs(w["repeats"], lambda i: generate(
+        prompts, SamplingParams(max_tokens=w["new_tokens"], seed=i, **sample)))
     return 0
 
 
