@@ -29,6 +29,18 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 _START = Path.cwd()
+_UID_BASE = int(os.environ.get("JAXRL_SANDBOX_UID_BASE") or 60000)
+
+
+def pytest_configure(config):
+    """Sandbox slot uids are leased machine-wide, and tests check that no process of a closed
+    pool's uids is left. With one uid range for all xdist workers, another worker's pool could
+    lease a uid the moment it is released and run jobs as it (a CI run failed so). Each worker
+    gets its own range (the worker id is known from here on, not when this file is imported);
+    the runs and Ray workers its tests start inherit it."""
+    worker = getattr(config, "workerinput", {}).get("workerid", "").removeprefix("gw")
+    if worker.isdigit():  # an xdist worker (its environment came from the controlling process)
+        os.environ["JAXRL_SANDBOX_UID_BASE"] = str(_UID_BASE + 8192 * int(worker))
 
 
 @pytest.fixture(autouse=True)

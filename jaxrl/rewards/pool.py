@@ -34,6 +34,7 @@ from jaxrl.rewards.sandbox_plan import (  # noqa: F401 - _cleanup_plans: used by
     TierPlan,
     UidLease,
     _cleanup_plans,
+    default_uid_base,
     kill_uid,
     make_plan,
     zygote_command,
@@ -340,7 +341,7 @@ class LocalSandboxPool:
     CPU this process may use). `tier` is "auto" (strongest available), "A" or "B"."""
 
     def __init__(self, num_workers: int | None = None, *, tier: str = "auto",
-                 uid_base: int = 60000, stats_window: int = 4096):
+                 uid_base: int | None = None, stats_window: int = 4096):
         if tier not in TIERS:
             raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
         n = len(os.sched_getaffinity(0)) if num_workers is None else num_workers
@@ -348,7 +349,8 @@ class LocalSandboxPool:
             raise ValueError(f"num_workers must be a positive int or None, got {num_workers!r}")
         self.plan = probe(tier)
         self.tier, self.tier_detail, self.num_workers = self.plan.tier, self.plan.detail, n
-        self.uid_base, self.restarts, self.scratch_retired = uid_base, 0, 0
+        self.uid_base = default_uid_base() if uid_base is None else uid_base
+        self.restarts, self.scratch_retired = 0, 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._stats = PoolStats(stats_window)

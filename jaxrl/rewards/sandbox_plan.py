@@ -70,8 +70,9 @@ def _others_can_read(path: str) -> bool:
     return bool(mode & stat.S_IROTH) and (not stat.S_ISDIR(mode) or bool(mode & stat.S_IXOTH))
 
 
-def _can_switch_uids(base: int = 60000, span: int = 4096) -> bool:
+def _can_switch_uids(base: int | None = None, span: int = 8192) -> bool:
     """Root whose user namespace maps the slot uids (not e.g. root of a rootless container)."""
+    base = default_uid_base() if base is None else base
     if os.geteuid() != 0:
         return False
     try:
@@ -188,6 +189,27 @@ def zygote_command(plan: TierPlan, uid: int | None) -> tuple[list[str], dict]:
 
 
 # ----------------------------------------------------------------------------- uid leases
+UID_BASE_ENV = "JAXRL_SANDBOX_UID_BASE"
+
+
+def default_uid_base() -> int:
+    """The first slot uid: $JAXRL_SANDBOX_UID_BASE, else 60000. Pools lease from there upward,
+    tool-session pools from 1000 above it. Set it when a host's uids there are taken, or to give
+    concurrent processes disjoint ranges (the test suite gives each xdist worker its own, so a uid
+    one worker's pool just released is never checked while another's pool runs jobs as it)."""
+    raw = os.environ.get(UID_BASE_ENV)
+    if raw is None or not raw.strip():
+        return 60000
+    try:
+        base = int(raw)
+    except ValueError:
+        base = -1
+    if not 1000 <= base <= 2**31 - 8192:
+        raise ValueError(f"{UID_BASE_ENV} must be an integer uid in [1000, {2**31 - 8192}], "
+                         f"got {raw!r}")
+    return base
+
+
 class UidLease:
     """An unused uid (no passwd entry), exclusive across processes on this machine via flock."""
 

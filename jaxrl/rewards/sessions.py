@@ -30,7 +30,7 @@ import time
 from jaxrl.rewards import sandbox_session as ss
 from jaxrl.rewards.pool import TIERS, PoolStats, ZygoteProcess, _pct, probe
 from jaxrl.rewards.sandbox import write_frame
-from jaxrl.rewards.sandbox_plan import UidLease
+from jaxrl.rewards.sandbox_plan import UidLease, default_uid_base
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class SessionPool:
     """
 
     def __init__(self, num_slots: int = 4, *, tier: str = "auto", memory_mb: int = 512,
-                 cpu_s: float = 120.0, uid_base: int = 61000):
+                 cpu_s: float = 120.0, uid_base: int | None = None):
         if tier not in TIERS:
             raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
         if not isinstance(num_slots, int) or num_slots < 1:
@@ -171,7 +171,8 @@ class SessionPool:
         self.endings: collections.Counter = collections.Counter()
         self._stats = PoolStats()
         self._spawner = _Spawner()
-        self._leases = [UidLease(uid_base) if self.plan.root else None for _ in range(num_slots)]
+        base = default_uid_base() + 1000 if uid_base is None else uid_base
+        self._leases = [UidLease(base) if self.plan.root else None for _ in range(num_slots)]
         self._zygotes: list[_SessionZygote | None] = [None] * num_slots
         try:
             for i in range(num_slots):
