@@ -1,9 +1,10 @@
 """Integer rounding rules shared by the run, the generator and the planner (defined once).
 
-    next_power_of_two(n, minimum=1)  the smallest power of two >= n and >= minimum: KV cache
-                                     lengths (minimum 16), generator replica sizes
+    next_power_of_two(n, minimum=1)  the smallest power of two >= n and >= minimum: generator
+                                     replica sizes, service batch shapes
     round_up(n, multiple)            the smallest multiple of `multiple` >= n: slots over the
                                      data-parallel replicas, batch rows over the trainer mesh
+    kv_cache_len(positions, page)    a run's automatic KV cache length (`generate.max_len=0`)
 
 Plain Python; imports nothing.
 """
@@ -33,3 +34,18 @@ def round_up(n: int, multiple: int) -> int:
     if multiple < 1:
         raise ValueError(f"round_up: multiple must be >= 1, got {multiple!r}")
     return -(-n // multiple) * multiple
+
+
+KV_CACHE_MULTIPLE = 16  # automatic KV cache lengths are multiples of this (and of the page size)
+
+
+def kv_cache_len(positions: int, page_size: int = 1) -> int:
+    """KV-cache positions per slot when `generate.max_len` is 0: `positions` (the run's sequence
+    capacity) rounded up to a multiple of 16 and of `page_size` (the paged layout's; 1 for the
+    contiguous one), at least 16.
+    Not to a power of two: decode attention reads the whole cache row, and the 132 positions of
+    the rl-step benchmark padded to 256 made its generation ~20% slower than 144 (paired A/B in
+    docs/benchmarks.md). Examples: (132) -> 144, (128) -> 128, (5) -> 16, (132, 64) -> 192."""
+    if page_size < 1:
+        raise ValueError(f"kv_cache_len: page_size must be >= 1, got {page_size!r}")
+    return round_up(max(positions, 1), math.lcm(KV_CACHE_MULTIPLE, page_size))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxrl.rounding import next_power_of_two, round_up
+from jaxrl.rounding import kv_cache_len, next_power_of_two, round_up
 
 
 @pytest.mark.parametrize(("n", "minimum", "want"), [
@@ -32,6 +32,15 @@ def test_round_up(n, multiple, want):
 def test_round_up_rejects_a_bad_multiple():
     with pytest.raises(ValueError, match="multiple must be >= 1, got 0"):
         round_up(5, 0)
+
+
+@pytest.mark.parametrize(("positions", "page", "want"), [
+    (132, 16, 144), (128, 16, 128), (129, 16, 144), (5, 16, 16), (0, 16, 16), (132, 64, 192),
+    (100, 24, 144), (100, 8, 112),
+])
+def test_kv_cache_len(positions, page, want):
+    """Multiples of lcm(16, page): lcm(16, 24) = 48, so 100 -> 144; lcm(16, 8) = 16."""
+    assert kv_cache_len(positions, page) == want
 
 
 def test_planner_replica_chips_is_the_smallest_power_of_two_holding_the_weights_twice():

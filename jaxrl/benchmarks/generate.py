@@ -49,6 +49,9 @@ def _parse(argv):
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--chunk-steps", type=int, default=32)
+    p.add_argument("--max-len", type=int, default=0,
+                   help="jaxrl's KV-cache length per slot (0: --prompt + --new); decode attention "
+                        "reads the whole cache row, so this sets its cost")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=50, help="50 = transformers' default")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -82,6 +85,12 @@ def _parse(argv):
     for name in ("rounds", "repeats", "batch", "new", "greedy_prompts", "greedy_new"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_len and args.max_len < args.prompt + args.new:
+        p.error(f"--max-len must be 0 or >= --prompt + --new = {args.prompt + args.new}, "
+                f"got {args.max_len}")
+    if args.max_len and isolated(args):
+        p.error("--max-len applies to the in-process benchmark (--vs none or hf); the isolated "
+                "workers size the cache to --prompt + --new")
     if isolated(args) and args.vocab < 259:  # the saved byte tokenizer's 259 ids
         p.error(f"--vs {args.vs} saves a 259-id byte tokenizer: --vocab must be >= 259, "
                 f"got {args.vocab}")
@@ -140,7 +149,7 @@ def _step_cost(cfg, batch: int, avg_len: float, bytes_per: int) -> tuple[float, 
 def _engine(model, args):
     from jaxrl.generate import JaxEngine
 
-    return JaxEngine(model, num_slots=args.batch, max_len=args.prompt + args.new,
+    return JaxEngine(model, num_slots=args.batch, max_len=args.max_len or args.prompt + args.new,
                      chunk_steps=args.chunk_steps, prefill_buckets=[args.prompt])
 
 

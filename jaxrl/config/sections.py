@@ -268,8 +268,8 @@ class GenerateConfig:
 
     num_slots: int = 64  # concurrent samples (decode batch) on the generator mesh
     # KV-cache length per slot. 0 = automatic: 1.5x the longest of 64 held-out prompts + 8, plus
-    # data.max_new_tokens, rounded up to a power of two; a longer prompt is rejected, so set it
-    # explicitly for datasets with long prompts.
+    # data.max_new_tokens, rounded up to a multiple of 16 (and of page_size when paged; see
+    # `kv_len`); a longer prompt is rejected, so set it explicitly for datasets with long prompts.
     max_len: int = 0
     chunk_steps: int = 16  # decode steps per host round trip
     temperature: float = 1.0
@@ -301,6 +301,14 @@ class GenerateConfig:
     # multiple of its tp) prefill with their own copy of the weights, the rest decode; each
     # prompt's KV cache moves between them (jaxrl/generate/disaggregated.py). 0 = colocated.
     prefill_devices: int = 0
+
+    def kv_len(self, positions: int) -> int:
+        """KV-cache positions per slot: `max_len`, or when it is 0 the run's sequence capacity
+        `positions` rounded by `jaxrl.rounding.kv_cache_len` (the run and its memory plan)."""
+        from jaxrl.rounding import kv_cache_len
+
+        page = self.page_size if self.kv_layout == "paged" else 1
+        return self.max_len or kv_cache_len(positions, page)
 
     def __post_init__(self):
         if self.dtype is not None:

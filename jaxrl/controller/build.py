@@ -12,7 +12,7 @@ import numpy as np
 
 from jaxrl.config import ConfigError, RunConfig, to_dict
 from jaxrl.controller.metrics import read_metrics, set_aside_logs
-from jaxrl.rounding import next_power_of_two, round_up
+from jaxrl.rounding import round_up
 
 log = logging.getLogger("jaxrl")
 
@@ -213,7 +213,7 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
 
     from jaxrl.controller.weight_sync import GeneratorPublisher, WeightSync
     from jaxrl.distributed import local_replica
-    from jaxrl.generate.engine import MIN_BUCKET, JaxEngine
+    from jaxrl.generate.engine import JaxEngine
     from jaxrl.generate.scheduler import Scheduler
     from jaxrl.models.model import abstract_model
     from jaxrl.sharding import pure_state_shardings
@@ -250,7 +250,7 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
         kind, split = DisaggregatedEngine, dict(prefill_mesh=prefill_mesh)
     engine = kind(nnx.merge(graphdef, gen_params),
                   num_slots=round_up(cfg.generate.num_slots, mesh.shape["dp"]),
-                  max_len=cfg.generate.max_len or next_power_of_two(seq_len, minimum=MIN_BUCKET),
+                  max_len=cfg.generate.kv_len(seq_len),
                   mesh=mesh, chunk_steps=cfg.generate.chunk_steps, eos_ids=(eos_id,),
                   version=version, kv_layout=cfg.generate.kv_layout,
                   page_size=cfg.generate.page_size,

@@ -156,7 +156,7 @@ class Engine(Protocol):
     def set_params(self, params: Any, version: int) -> None: ...
 
 
-MIN_BUCKET = 16  # the smallest prefill bucket and KV cache length the generator rounds to
+MIN_BUCKET = 16  # the smallest prefill bucket
 
 
 def default_buckets(max_len: int, smallest: int = MIN_BUCKET) -> tuple[int, ...]:
@@ -277,7 +277,8 @@ class JaxEngine:
         if len(prompt) + max_tokens > self.max_len:
             raise ValueError(
                 f"request does not fit the KV cache: prompt {len(prompt)} + max_tokens "
-                f"{max_tokens} = {len(prompt) + max_tokens} > max_len {self.max_len}"
+                f"{max_tokens} = {len(prompt) + max_tokens} > max_len {self.max_len} (a run sizes "
+                f"it from its held-out prompts; set generate.max_len for longer ones)"
             )
         stops = set(stop_token_ids) | set(self.eos_ids)
         if len(stops) > self.max_stop_ids:

@@ -23,7 +23,7 @@ import functools
 import math
 
 from jaxrl.config import ConfigError, ModelConfig, RunConfig, TrainConfig
-from jaxrl.rounding import next_power_of_two, round_up
+from jaxrl.rounding import round_up
 from jaxrl.train.memory_step import BYTES as _BYTES
 from jaxrl.train.memory_step import fmt_bytes as _fmt
 from jaxrl.train.memory_step import train_step_activations
@@ -322,7 +322,7 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
     gdt = gen.dtype or model_cfg.param_dtype
     dp, gtp = gshape
     slots = round_up(gen.num_slots, dp)
-    max_len = gen.max_len or next_power_of_two(max_seq_len, minimum=16)
+    max_len = gen.kv_len(max_seq_len)
     if gen.kv_layout == "paged":
         shape = (slots * -(-max_len // gen.page_size), gen.page_size)
     else:
