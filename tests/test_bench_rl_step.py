@@ -39,6 +39,13 @@ def test_micro_batch_rows_pass_the_setting_to_the_worker():
     assert rl_step.parse(["--micro-batches", "1,2,4"]).micro_batches == [1, 2, 4]
 
 
+def test_remat_rows_pass_the_setting_to_the_worker():
+    cs = rl_step.contenders(["sync"], ["trl"], [4], "full")
+    assert [(c.name, c.args) for c in cs] == [
+        ("jaxrl-sync-mb4-remat-full", ("sync", "4", "full")), ("trl", ())]
+    assert rl_step.parse([]).remat == "none"
+
+
 def test_medians_and_paired_ratios():
     times = {("jaxrl-sync", 0): 10.0, ("trl", 0): 20.0, ("jaxrl-sync", 1): 30.0,
              ("trl", 1): 20.0, ("jaxrl-sync", 2): 12.0, ("trl", 2): 16.0}
@@ -122,6 +129,7 @@ def test_workload_text():
     (["--shape", "7b"], "invalid choice"),
     (["--micro-batches", "3"], "--micro-batches takes distinct divisors of the 128 rows"),
     (["--micro-batches", "4,4"], "--micro-batches takes distinct divisors"),
+    (["--remat", "half"], "argument --remat: invalid choice: 'half'"),
 ])
 def test_argument_errors_come_before_jax(argv, message):
     code = ("import sys; sys.path.insert(0, 'launch'); import bench\n"

@@ -1,7 +1,8 @@
 """One whole GRPO step on the same fixed workload in jaxrl and in its peers (TRL, Tunix).
 
     python launch/bench.py rl-step --vs tunix,trl [--shape 22m|100m] [--modes periodic,sync]
-                                   [--micro-batches 1,4] [--rounds 3] [--steps 3] [--warmup 2]
+                                   [--micro-batches 1,4] [--remat full] [--rounds 3] [--steps 3]
+                                   [--warmup 2]
                                    [--cache-dir DIR]
 
 The workload (issue 22): a random-init Qwen2-shaped model saved once with `transformers` (f32), a
@@ -18,6 +19,7 @@ of new tokens per sample, loaded the saved weights (checksum) and changed them.
 `--micro-batches` runs each jaxrl mode once per value of `train.micro_batches` (rows
 `jaxrl-sync-mb4`, ...; 1 keeps the plain name). The default, 1, is what the TRL worker does: one
 forward/backward over all 128 rows (per_device_train_batch_size 128, no gradient accumulation).
+`--remat` sets jaxrl's `train.remat` for its rows (TRL's GRPO checkpoints gradients by default).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from jaxrl.config.train import REMAT_NAMES  # plain Python: the CLI still answers before JAX loads
 
 print = functools.partial(print, flush=True)
 
@@ -81,6 +85,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    type=lambda v: _split(v, MODES, "--modes"), help="jaxrl pipeline modes")
     p.add_argument("--micro-batches", default="1", type=_micro_batches,
                    help="jaxrl's train.micro_batches, comma-separated (one row each)")
+    p.add_argument("--remat", choices=REMAT_NAMES, default="none",
+                   help="jaxrl's train.remat for its rows (TRL's GRPO checkpoints gradients by "
+                        "default, which is like 'full'; rows are suffixed -remat-<name>)")
     p.add_argument("--shape", choices=list(SHAPES), default="22m")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=3, help="measured steps per run")
@@ -113,9 +120,11 @@ def _micro_batches(value: str) -> list[int]:
 
 
 def contenders(modes: list[str], peers: list[str],
-               micro_batches: tuple[int, ...] | list[int] = (1,)) -> list[Contender]:
-    rows = [Contender(f"jaxrl-{m}" + (f"-mb{k}" if k > 1 else ""), "jaxrl_worker.py",
-                      (m, str(k)))
+               micro_batches: tuple[int, ...] | list[int] = (1,),
+               remat: str = "none") -> list[Contender]:
+    tail = "" if remat == "none" else f"-remat-{remat}"
+    rows = [Contender(f"jaxrl-{m}" + (f"-mb{k}" if k > 1 else "") + tail, "jaxrl_worker.py",
+                      (m, str(k)) + ((remat,) if remat != "none" else ()))
             for m in modes for k in micro_batches]
     return rows + [Contender(p, f"{p}_worker.py", (), p) for p in peers]
 
@@ -367,7 +376,7 @@ def fmt(x, spec=".2f") -> str:
 def main(argv: list[str]) -> int:
     args = parse(argv)
     cache = Path(args.cache_dir).expanduser()
-    cs = contenders(args.modes, args.vs, args.micro_batches)
+    cs = contenders(args.modes, args.vs, args.micro_batches, args.remat)
     pythons: dict[str, str | None] = {}
     unavailable: dict[str, str] = {}
     specs = venv_specs()

@@ -1,9 +1,11 @@
 """jaxrl's side of `bench.py rl-step`: one `jaxrl.run` of the fixed workload in one mode.
 
-    python jaxrl_worker.py ASSETS_DIR MODE [MICRO_BATCHES]   (MODE: periodic | sync)
+    python jaxrl_worker.py ASSETS_DIR MODE [MICRO_BATCHES [REMAT]]   (MODE: periodic | sync)
 
 MICRO_BATCHES (default 1) is `train.micro_batches`: the update's rows in that many sequential
-forward/backward passes (less activation memory, same gradient).
+forward/backward passes (less activation memory, same gradient). REMAT (default "none") is
+`train.remat` ("full": each decoder layer's activations recomputed in the backward pass, as TRL's
+default gradient checkpointing does).
 
 Runs in the current environment. Prints one `RLSTEP` line per step (warm-ups flagged) from the
 run's metrics rows, then a `weights` line: the parameter checksum as the trainer built it
@@ -21,6 +23,7 @@ import common
 def main(argv: list[str]) -> int:
     assets, mode, *rest = argv
     micro_batches = int(rest[0]) if rest else 1
+    remat = rest[1] if len(rest) > 1 else "none"
     w = common.load_workload(assets)
     import jax
 
@@ -53,7 +56,8 @@ def main(argv: list[str]) -> int:
         cfg = RunConfig(
             name=f"rl-step-{mode}", run_dir=run_dir, init=f"{assets}/model",
             train=TrainConfig(lr=w["lr"], warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-                              kl_coef=0.0, checkpoint_every=0, micro_batches=micro_batches),
+                              kl_coef=0.0, checkpoint_every=0, micro_batches=micro_batches,
+                              remat=remat),
             data=DataConfig(task="records", paths=(f"{assets}/prompts.jsonl",),
                             eval_paths=(f"{assets}/prompts.jsonl",), epochs=steps + 1,
                             prompts_per_step=w["prompts"], group_size=w["group"],
