@@ -28,8 +28,10 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from jaxrl.rewards.sandbox_plan import UID_BASE_ENV, default_uid_base  # noqa: E402
+
 _START = Path.cwd()
-_UID_BASE = int(os.environ.get("JAXRL_SANDBOX_UID_BASE") or 60000)
+_UID_BASE = default_uid_base()  # before a worker moves it: the controlling process's value
 
 
 def pytest_configure(config):
@@ -40,7 +42,7 @@ def pytest_configure(config):
     the runs and Ray workers its tests start inherit it."""
     worker = getattr(config, "workerinput", {}).get("workerid", "").removeprefix("gw")
     if worker.isdigit():  # an xdist worker (its environment came from the controlling process)
-        os.environ["JAXRL_SANDBOX_UID_BASE"] = str(_UID_BASE + 8192 * int(worker))
+        os.environ[UID_BASE_ENV] = str(_UID_BASE + 8192 * int(worker))
 
 
 @pytest.fixture(autouse=True)
