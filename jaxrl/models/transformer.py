@@ -23,6 +23,7 @@ from jaxrl.config import ModelConfig
 from jaxrl.models import lora, quant
 from jaxrl.models.attention import attention, cached_attention
 from jaxrl.models.moe import MoE
+from jaxrl.models.remat import remat_call
 from jaxrl.models.swiglu import swiglu
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -448,8 +449,7 @@ class Transformer(nnx.Module):
             if layer.sparse and experts_LBTK is not None:
                 experts_BTK, s = experts_LBTK[s], s + 1
             if self.cfg.remat:
-                x_BTE, routing = nnx.remat(lambda lyr, x, ex: lyr(x, rope, segment_ids_BT, ex))(
-                    layer, x_BTE, experts_BTK)
+                x_BTE, routing = remat_call(layer, x_BTE, rope, segment_ids_BT, experts_BTK)
             else:
                 x_BTE, routing = layer(x_BTE, rope, segment_ids_BT, experts_BTK)
             routings.append(routing)

@@ -120,9 +120,10 @@ def train_step_activations(cfg: RunConfig, model_cfg: ModelConfig, trainer_shape
     # the train step passes segment ids: "cudnn" then runs the XLA path (`models.attention`)
     flash = (model_cfg.attention_impl == "pallas"
              or (model_cfg.attention_impl == "auto" and platform != "cpu"))
-    # XLA:CPU schedules a remat's recomputation early: the compiled step keeps as much as
-    # without it (measured, docs/memory.md), so on CPU every policy is planned as "none"
-    remat = "none" if platform == "cpu" else t.remat
+    # "full" recomputes each layer after its cotangent arrives (jaxrl.models.remat) on every
+    # backend; the policy variants use nnx.remat, whose recomputation XLA:CPU merges back into
+    # the forward pass (no memory saved, measured: docs/memory.md), so on CPU they plan as "none"
+    remat = "none" if platform == "cpu" and t.remat != "full" else t.remat
     act = activation_bytes(model_cfg, rows=micro // fsdp, length=length,
                            chunk=chunk_size(length, t.logprob_chunk), remat=remat,
                            flash=flash, keep_probs=keep, tp=tp)
