@@ -109,6 +109,8 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
     ref = build.reference_params(cfg, meshes.trainer, tokenizer, task, model_cfg, processes,
                                  params)
     trainer = Trainer(model_cfg, cfg.train, meshes.trainer, params=params, ref_params=ref)
+    # the trainer's state holds its own copy: drop these (a model's worth for the whole run)
+    params = ref = None
     if trainer.ref_params is not None:
         log.info("reference policy: %.1f MiB on the trainer mesh",
                  tree_bytes(trainer.ref_params) / 2**20)
