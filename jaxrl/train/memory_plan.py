@@ -304,8 +304,9 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
             Item("trainer", "optimizer update temporaries", update, "estimate"),
             Item("trainer", f"activations ({micro // fsdp} rows x {length} tokens, remat "
                             f"{train.remat})",
-                 act, "largest micro-batch, estimate" + (f"; remat {train.remat} saves nothing on XLA:CPU"
-                                                         if remat != train.remat else ""))]
+                 act, "largest micro-batch, estimate"
+                 + (f"; remat {train.remat} saves nothing on XLA:CPU" if remat != train.remat
+                    else ""))]
     source = "analytic estimate (activation_bytes)"
     if compiled is not None:
         ma = compiled.memory_analysis()
