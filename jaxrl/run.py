@@ -103,14 +103,12 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
     # 3. the trainer (its state from HF / SFT, or from the latest checkpoint)
     params, sft_metrics = None, {}
     if not resume or model_cfg.lora.enabled:  # a LoRA checkpoint holds the adapters only
-        params, sft_metrics = build.initial_params(cfg, meshes.trainer, tokenizer, task,
-                                                   model_cfg, processes)
+        params, sft_metrics = build.initial_params(cfg, meshes.trainer, tokenizer, task, model_cfg,
+                                                   processes)
         sft_metrics = {} if resume else sft_metrics
-    ref = build.reference_params(cfg, meshes.trainer, tokenizer, task, model_cfg, processes,
-                                 params)
+    ref = build.reference_params(cfg, meshes.trainer, tokenizer, task, model_cfg, processes, params)
     trainer = Trainer(model_cfg, cfg.train, meshes.trainer, params=params, ref_params=ref)
-    # the trainer's state holds its own copy: drop these (a model's worth for the whole run)
-    params = ref = None
+    params = ref = None  # the trainer copied them: not a model's worth held for the whole run
     if trainer.ref_params is not None:
         log.info("reference policy: %.1f MiB on the trainer mesh",
                  tree_bytes(trainer.ref_params) / 2**20)
