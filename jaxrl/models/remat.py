@@ -8,7 +8,7 @@ remat (measured in docs/memory.md). `recompute_in_backward` instead gives the re
 data dependence on the layer's output cotangent (`x + 0 * ct[0]`): no pass can hoist it above
 that layer's backward or merge it with the forward, so at most one layer's activations are live
 in the backward pass on CPU, GPU and TPU alike. The extra work is one scalar multiply-add over
-the layer input. Gradients equal `jax.checkpoint`'s (tests/models/test_remat.py).
+the layer input. Gradients equal the plain backward pass's (tests/models/test_remat.py).
 """
 
 from __future__ import annotations
