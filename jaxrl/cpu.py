@@ -160,3 +160,29 @@ def _set_default_client_affinity(cores: list[int]) -> None:
 
 def _thread_ids() -> list[int]:
     return [int(tid) for tid in os.listdir("/proc/self/task")]
+
+
+def return_free_memory() -> bool:
+    """Give the C heap's free pages back to the OS (glibc `malloc_trim(0)`); False where there
+    is no glibc. XLA:CPU's arrays live on that heap: freed ones up to glibc's mmap threshold
+    (which grows to 32 MiB as large buffers come and go) stay mapped in holes of the heap, and
+    so in the process's RSS, until trimmed. Called when a `sync` run frees its generator's
+    weights and KV cache for the update (`RolloutProducer.release`)."""
+    import ctypes
+    import ctypes.util
+
+    global _LIBC
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        try:
+            libc = ctypes.CDLL(name) if name else None
+            _LIBC = libc if libc is not None and hasattr(libc, "malloc_trim") else False
+        except OSError:
+            _LIBC = False
+    if _LIBC is False:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
+
+
+_LIBC = None  # ctypes handle of glibc, False where it has no malloc_trim

@@ -3,10 +3,12 @@
 What is checked against the operating system: which cores each client's threads may run on
 (`/proc/self/task`, `os.sched_getaffinity`), which threads do the generator's work (per-thread
 CPU time), and that arrays placed and computed on the generator's client give the same values
-as numpy and as the default client.
+as numpy and as the default client. Also: `return_free_memory` against the process's RSS.
 """
 
 import os
+import subprocess
+import sys
 import threading
 
 import jax
@@ -151,3 +153,29 @@ def test_generator_work_runs_on_the_generator_clients_threads():
         f(x).block_until_ready()
     g, d = _cpu_seconds(ours) - g0, _cpu_seconds(theirs) - d0
     assert g > 0.2 and d < 0.25 * g, (g, d)
+
+
+_HEAP_HOLES = """
+import ctypes, sys
+from jaxrl.cpu import return_free_memory
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096
+blocks = [libc.malloc(64 << 10) for _ in range(800)]  # 50 MiB of small blocks: the heap
+for b in blocks:
+    ctypes.memset(b, 1, 64 << 10)
+for b in blocks[:-1]:  # the last block keeps the top of the heap: the rest is a hole
+    libc.free(b)
+before = rss()
+ok = return_free_memory()
+print(ok, before - rss())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_return_free_memory_gives_heap_holes_back_to_the_os():
+    out = subprocess.run([sys.executable, "-c", _HEAP_HOLES], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0] == "True"
+    assert int(out[1]) > 40 << 20  # most of the 50 MiB hole left the RSS
