@@ -158,7 +158,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
     del trainer, publisher, scheduler  # live moves replace them (in learner, producer)
     pipeline = Pipeline(mode=cfg.pipeline.mode, max_staleness=cfg.pipeline.max_staleness,
                         produce=producer.produce, train=learner.train,
-                        publish=learner.publish, trace=trace,
+                        publish=learner.publish, release=producer.release, trace=trace,
                         lead=learner.lead if cfg.pipeline.lead == "auto" else None)
     evals, advice = {"start": {}, "end": {}}, []
 

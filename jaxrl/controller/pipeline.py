@@ -22,7 +22,10 @@ The pipeline knows nothing about models: it calls
   of the batch, and in `inflight` mode again between decode chunks;
 * `train(step, produced) -> (metrics, params)` in the calling thread — one update on that batch;
 * `publish(params, version) -> (generator_params, metrics)` — reshards the trainer's `params`
-  onto the generator mesh (weight sync); the result becomes what `weights()` returns.
+  onto the generator mesh (weight sync); the result becomes what `weights()` returns;
+* `release()` (optional), in the calling thread before an update the generator must wait for
+  (lead 0: `sync`): frees the generator's weights and decode state for the update's duration
+  (on CPU they share the trainer's memory); the next publish brings weights back.
 
 `call_on_generator(fn)` runs other work that needs the generator (mid-run evaluation) on the
 generator thread between batches, so one engine serves both; `swap_generator(fn)` is the safe
@@ -106,6 +109,7 @@ class Pipeline:
         trace: TraceWriter | None = None,
         poll_s: float = 0.05,
         lead: Callable[[], int] | None = None,
+        release: Callable[[], None] | None = None,
     ):
         self.mode = mode
         # lead(): the lead for batches not yet started, asked after each step (adaptive
@@ -115,6 +119,7 @@ class Pipeline:
         if mode in ("async", "inflight") and max_staleness < 1:
             raise ValueError(f"mode {mode!r} needs max_staleness >= 1, got {max_staleness}")
         self._produce, self._train, self._publish = produce, train, publish
+        self._release = release
         self.trace = trace or TraceWriter()
         self.poll_s = poll_s
         self._stop = threading.Event()
@@ -265,6 +270,8 @@ class Pipeline:
                     produced = self._wait_for_batch(step)
                 waited = time.perf_counter() - window_start
                 t0 = time.perf_counter()
+                if self._release is not None and self.ahead == 0:
+                    self._release_generator()
                 with self.trace.span("trainer", "train_step", step=step):
                     metrics, params = self._train(step, produced)
                 if self._lead is not None:
@@ -294,6 +301,16 @@ class Pipeline:
             self.stop(timeout_s=10.0, abandon=True)
             raise
         self.stop()
+
+    def _release_generator(self) -> None:
+        """Lead 0: the generator waits for this update's weights, so the published ones (and
+        whatever `release` frees: the engine's copy, its KV cache) are not needed until the next
+        publish; freeing them makes room for the update. The generator thread is idle here: it
+        made this step's batch and may start no other before the next publish, and the calls
+        it serves (`call_on_generator`) come from this thread, between steps."""
+        with self.trace.span("generator", "release"):
+            self._published.set(None, self._published.version)
+            self._release()
 
     def _timed_publish(self, params: Any, version: int) -> dict:
         start = self.trace.now()

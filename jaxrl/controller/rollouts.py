@@ -24,6 +24,7 @@ import numpy as np
 from jaxrl.controller.buffer import Group, Rollout, RolloutBuffer
 from jaxrl.controller.pipeline import Produced
 from jaxrl.controller.trace import TraceWriter
+from jaxrl.cpu import return_free_memory
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.generate.scheduler import Scheduler
 
@@ -74,6 +75,13 @@ class RolloutProducer:
         if version != self.version:
             self.scheduler.set_params(params, version)
             self.version = version
+
+    def release(self) -> None:
+        """Free the generator's weights and KV cache until the next batch installs new ones
+        (`Pipeline(release=...)`: a `sync` step, while the trainer needs the memory)."""
+        self.scheduler.release()
+        self.version = None
+        return_free_memory()  # on a CPU host the update's arrays share this heap
 
     def _sampling(self, step: int, round_: int, slot: int) -> SamplingParams:
         c = self.cfg

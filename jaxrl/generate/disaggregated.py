@@ -91,6 +91,10 @@ class DisaggregatedEngine(JaxEngine):
         super().set_params(params, version)
         self.prefill_engine.set_params(self.params.state, version)
 
+    def release_params(self) -> None:
+        super().release_params()
+        self.prefill_engine.release_params()
+
     def prefill(self, params: Weights, tokens: Sequence[int], true_length: int | None = None,
                 **kwargs) -> Prefix:
         """Prefill on the prefill mesh, then move the prefix to the decode mesh. `params` is

@@ -224,6 +224,7 @@ class JaxEngine:
             state = jax.device_put(state, self._param_shardings)
         self.params = Weights(state=state, version=self._version(version))
         self._state_shardings = self._decode_state_shardings()
+        self._init_state_fn = None
         self._prefill_fn = jax.jit(self._prefill_impl)
         insert_kw, chunk_kw = {}, {}
         if mesh is not None:  # keep the decode state's layout fixed across calls
@@ -345,10 +346,12 @@ class JaxEngine:
     # ------------------------------------------------------------------ Engine interface
 
     def init_decode_state(self) -> DecodeState:
-        """Empty slots, already laid out on the generator mesh."""
-        if self.mesh is None:
-            return jax.jit(self._empty_state)()
-        return jax.jit(self._empty_state, out_shardings=self._state_shardings)()
+        """Empty slots, already laid out on the generator mesh (compiled once: a `sync` run
+        makes a new state for every batch, `Scheduler.release`)."""
+        if self._init_state_fn is None:
+            kw = {} if self.mesh is None else dict(out_shardings=self._state_shardings)
+            self._init_state_fn = jax.jit(self._empty_state, **kw)
+        return self._init_state_fn()
 
     def set_params(self, params, version: int) -> None:
         """Swap in new weights (same structure, shapes and dtypes) without recompiling.
@@ -358,7 +361,7 @@ class JaxEngine:
         """
         if isinstance(params, nnx.Module):
             params = nnx.state(params)
-        old = self.params.state
+        old = self.params.state if self.params is not None else self._released_like
         if jax.tree.structure(params) != jax.tree.structure(old):
             paths = lambda t: {jax.tree_util.keystr(p) for p, _ in
                                jax.tree_util.tree_leaves_with_path(t)}
@@ -375,6 +378,15 @@ class JaxEngine:
         if self._param_shardings is not None:
             params = jax.device_put(params, self._param_shardings)
         self.params = Weights(state=params, version=self._version(version))
+
+    def release_params(self) -> None:
+        """Drop the weights, and so their memory, until the next `set_params` (which checks
+        new weights against their shapes as before): a `sync` run's generator while the trainer
+        updates, when it has nothing to decode."""
+        if self.params is not None:
+            self._released_like = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.params.state)
+        self.params = None
 
     def prefill(self, params: Weights, tokens: Sequence[int], true_length: int | None = None
                 ) -> Prefix:

@@ -176,6 +176,15 @@ class Scheduler:
     def set_params(self, params, version: int) -> None:
         self.engine.set_params(params, version)
 
+    def release(self) -> None:
+        """Free the decode state (the KV cache) and the engine's weights while there is no work:
+        both come back on demand (the state empty, the weights from the next `set_params`)."""
+        if self.has_work():
+            raise RuntimeError(f"Scheduler.release: {self.num_running} samples running and "
+                               f"{self.num_waiting} waiting; release only when idle")
+        self.state = None
+        self.engine.release_params()
+
     def reset_stats(self) -> None:
         self.stats = GenerateStats()
 
@@ -184,6 +193,10 @@ class Scheduler:
     def refill(self) -> None:
         """Prefill and insert queued samples into free slots (`step` does this first)."""
         engine = self.engine
+        if engine.params is None:
+            raise RuntimeError("Scheduler: the engine's weights were released; set_params first")
+        if self.state is None:
+            self.state = engine.init_decode_state()
         for slot in range(engine.num_slots):
             if self._slots[slot] is not None:
                 continue

@@ -114,3 +114,34 @@ def test_resume_from_a_later_step_and_bad_mode():
     with pytest.raises(ValueError, match="max_staleness >= 1"):
         Pipeline(mode="async", max_staleness=0, produce=produce, train=train, publish=publish)
     assert PipelineStopped
+
+
+@pytest.mark.parametrize("mode", ["sync", "periodic"])
+def test_lead_zero_releases_generator_weights_for_each_update(mode):
+    """In `sync` the generator waits for each update, so its weights are released before the
+    update (the trainer sees none published) and the next publish brings them back; calls on
+    the generator between steps (evaluation) still see the newest weights. `periodic`
+    generates during the update: nothing is released."""
+    produce, _, publish, log = _fake(gen_s=0.01, train_s=0.01)
+    events = []
+
+    def train(step, produced):
+        events.append(("train", step, pipe._published.get()))
+        return {}, f"params-{step + 1}"
+
+    def on_step(step, metrics):
+        events.append(("call", step, pipe.call_on_generator(lambda weights: weights())))
+
+    pipe = Pipeline(mode=mode, produce=produce, train=train, publish=publish,
+                    release=lambda: events.append(("release",)))
+    pipe.run(start_step=0, num_steps=3, initial_params="params-0", on_step=on_step)
+    assert sorted(log["versions"]) == [0, 1, 2]  # produce asserted gen-<version> each time
+    calls = [e for e in events if e[0] == "call"]
+    assert calls == [("call", s, (f"gen-{s + 1}", s + 1)) for s in range(3)]
+    trains = [e for e in events if e[0] == "train"]
+    if mode == "sync":
+        assert [e for e in events if e[0] != "call"] == [
+            x for s in range(3) for x in (("release",), ("train", s, (None, s)))]
+    else:
+        assert ("release",) not in events
+        assert all(e[2][0] is not None for e in trains)

@@ -49,6 +49,8 @@ def test_each_mode_completes_with_bounded_staleness(tmp_path, mode):
     trace = json.loads((result.run_dir / "trace.json").read_text())
     names = {e.get("args", {}).get("name") for e in trace["traceEvents"] if e.get("ph") == "M"}
     assert {"trainer", "generator", "weight_sync", "sandbox"} <= names
+    releases = [e for e in trace["traceEvents"] if e.get("name") == "release"]
+    assert len(releases) == (3 if mode == "sync" else 0)  # generator memory freed per update
 
 
 @pytest.mark.slow
