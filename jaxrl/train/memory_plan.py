@@ -36,6 +36,7 @@ class Item:
     bytes: int  # per device
     note: str = ""
     counted: bool = True  # False: shown for comparison, not in the total
+    update_only: bool = False  # held only while the trainer updates (gradients, activations...)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,10 +56,14 @@ class MemoryPlan:
     max_seq_len: int = 0
     # replan(cfg, trainer_shape, generator_shape) -> MemoryPlan, same model, budget and platform
     replan: object = dataclasses.field(default=None, repr=False, compare=False)
+    # `sync`: the generator's weights and KV cache are freed while the trainer updates
+    # (jaxrl.controller.pipeline), so on shared memory the two never add up in full
+    frees_generator: bool = False
 
-    def total(self, role: str) -> int:
-        """Bytes per device of `role`."""
-        return sum(i.bytes for i in self.items if i.role == role and i.counted)
+    def total(self, role: str, *, held: bool = False) -> int:
+        """Bytes per device of `role` (`held`: without what only the update holds)."""
+        return sum(i.bytes for i in self.items
+                   if i.role == role and i.counted and not (held and i.update_only))
 
     def item(self, name_prefix: str) -> Item:
         return next(i for i in self.items if i.name.startswith(name_prefix))
@@ -66,9 +71,14 @@ class MemoryPlan:
     def need(self) -> int:
         """What is compared with the budget: the host's sum on CPU, one device's otherwise."""
         t, g = self.total("trainer"), self.total("generator")
-        if self.shared_host:
-            return self.trainer_devices * t + self.generator_devices * g
-        return t + g if self.colocated else max(t, g)
+        nt, ng = self.trainer_devices, self.generator_devices
+        if not (self.shared_host or self.colocated):
+            return max(t, g)
+        if not self.shared_host:
+            nt = ng = 1
+        if self.frees_generator:  # the update, or generation next to the trainer's state
+            return max(nt * t, nt * self.total("trainer", held=True) + ng * g)
+        return nt * t + ng * g
 
     def fits(self) -> bool:
         return self.need() <= self.budget_bytes
@@ -85,6 +95,8 @@ class MemoryPlan:
         what = ("sum over all devices (they share the host's RAM)" if self.shared_host else
                 "per device, both roles on the same devices" if self.colocated else
                 "per device, the larger role")
+        if self.frees_generator and (self.shared_host or self.colocated):
+            what += "; sync: the update or generation, not both"
         over = self.need() - self.budget_bytes
         verdict = "fits" if over <= 0 else f"DOES NOT FIT (over by {_fmt(over)})"
         lines.append(f"need {_fmt(self.need())} ({what}) of {_fmt(self.budget_bytes)} "
@@ -318,7 +330,8 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
     n_bt = 6 + sum(1 for x in (train.needs_reference, train.correction != "none",
                                train.mini_batches * train.epochs > 1) if x)
     batch = -(-rows // fsdp) * length * 4 * n_bt * (2 if train.mini_batches > 1 else 1)
-    items += [*step, Item("trainer", "batch arrays", batch, f"{n_bt} x [rows, T] 4-byte")]
+    step.append(Item("trainer", "batch arrays", batch, f"{n_bt} x [rows, T] 4-byte"))
+    items += [dataclasses.replace(i, update_only=True) for i in step]
     # generator: weights in generate.dtype (as build.generator casts them), KV cache, logits
     gdt = gen.dtype or model_cfg.param_dtype
     dp, gtp = gshape
@@ -353,5 +366,7 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
               + f"; params {pdt}, compute {cdt}, "
               f"{'flash' if flash else 'XLA'} attention; per device")
     nt, ng = fsdp * ttp, dp * gtp
+    # a LoRA merge generator keeps the base it received once: only `sync` without it frees all
+    frees = cfg.pipeline.mode == "sync" and not (lora_on and model_cfg.lora.generator == "merge")
     return MemoryPlan(tuple(items), nt, ng, colocated, platform == "cpu", int(budget), note,
-                      source, header, cfg, tshape, gshape, max_seq_len, replan)
+                      source, header, cfg, tshape, gshape, max_seq_len, replan, frees)

@@ -12,6 +12,7 @@ from jaxrl.config import (
     ConfigError,
     GenerateConfig,
     ModelConfig,
+    PipelineConfig,
     RunConfig,
     TrainConfig,
     load_config,
@@ -199,3 +200,22 @@ def test_lora_plan_counts_a_bf16_base_and_f32_adapters_by_hand():
     lora_state = state(lora_plan, ("frozen base", "LoRA adapters", "optimizer", "gradients"))
     full_state = state(full_plan, ("parameters", "optimizer", "gradients"))
     assert lora_state < full_state / 3  # rank 8 of width 64: adapters are 1/8 of a matrix
+
+
+def test_sync_counts_the_update_or_generation_not_both():
+    """`sync` frees the generator's weights and KV cache during the update (jaxrl.controller
+    .pipeline), so on shared memory it needs the larger of (trainer state + update) and (trainer
+    state + generator), where `periodic` needs their sum."""
+    periodic = _plan(dataclasses.replace(_small_run(), pipeline=PipelineConfig(mode="periodic")),
+                     gshape=(2, 1))
+    sync = _plan(dataclasses.replace(_small_run(), pipeline=PipelineConfig(mode="sync")),
+                 gshape=(2, 1))
+    by = {i.name.split(" (")[0]: i.bytes for i in sync.items if i.counted}
+    state = by["parameters"] + by["optimizer state"]
+    update = by["gradients"] + by["optimizer update temporaries"] + by["batch arrays"] + sum(
+        b for name, b in by.items() if name.startswith("activations"))
+    gen = by["weights"] + by["KV cache"] + by["decode logits + sampling"]
+    assert periodic.need() == state + update + 2 * gen  # one trainer, two generator devices
+    assert sync.need() == max(state + update, state + 2 * gen) < periodic.need()
+    assert "sync: the update or generation, not both" in sync.format()
+    assert "not both" not in periodic.format()
