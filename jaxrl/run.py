@@ -173,7 +173,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
             row.update(evaluator(steps_done, pipeline=pipeline))
 
     def evaluate_end(steps_done: int, row: dict) -> None:
-        evals["end"] = evaluator(total)
+        evals["end"] = evaluator(total, pipeline=pipeline)  # installs the final weights
         row.update(evals["end"])
 
     def planner_feedback(step: int, row: dict) -> None:
