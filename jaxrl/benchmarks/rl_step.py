@@ -408,7 +408,7 @@ def main(argv: list[str]) -> int:
         row = round_row(c.name, rnd, steps, weights, problems, (load0, load1), wall)
         rows.append(row)
         print(f"round {rnd} {c.name:15s} step {fmt(row['step_s'])} s (gen {fmt(row['gen_s'])}, "
-              f"train {fmt(row['train_s'])}), peak RSS {fmt(row['peak_rss_gb'])} GB, load "
+              f"train {fmt(row['train_s'])}), peak RSS {fmt(row['peak_rss_gb'])} GiB, load "
               f"{load0:.1f} -> {load1:.1f}, {wall:.0f} s wall")
         for problem in problems:
             print(f"  FAILED {c.name} round {rnd}: {problem}")
@@ -416,7 +416,7 @@ def main(argv: list[str]) -> int:
     print("\nmedians over valid rounds:")
     for n, s in summary["contenders"].items():
         print(f"  {n:15s} step {fmt(s['step_s'])} s  gen {fmt(s['gen_s'])}  train "
-              f"{fmt(s['train_s'])}  peak RSS {fmt(s['peak_rss_gb'])} GB  ({s['rounds']} rounds)")
+              f"{fmt(s['train_s'])}  peak RSS {fmt(s['peak_rss_gb'])} GiB  ({s['rounds']} rounds)")
     for k, v in summary["ratios"].items():
         paired = ", ".join(f"{x:.2f}" for x in v["paired"])
         print(f"  {k}: median paired step ratio {v['median']:.2f}x ({paired})")
