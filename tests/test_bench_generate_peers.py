@@ -32,6 +32,8 @@ def test_contenders_and_interleaving():
         ("ct2-f32", "gen_ct2_worker.py", ("f32",), "ct2"),
         ("ct2-int8", "gen_ct2_worker.py", ("int8",), "ct2")]
     assert [c.name for c in generate_peers.contenders(["hf"], "none")] == ["jaxrl", "hf"]
+    w8a8 = generate_peers.contenders(["ct2-int8"], "w8a8")[1]
+    assert (w8a8.name, w8a8.args) == ("jaxrl-w8a8", ("w8a8",))
     order = generate_peers.rl_step.interleave(["A", "B", "C"], 2)
     assert [x for _, x in order] == ["A", "B", "C", "A", "B", "C"]
     for c in cs:  # every worker the driver names exists beside common.py

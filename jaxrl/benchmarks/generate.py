@@ -61,8 +61,9 @@ def _parse(argv):
     p.add_argument("--hf-device", default="cpu",
                    help="torch device of the transformers peer, e.g. cuda (then timed with "
                         "torch.cuda.synchronize)")
-    p.add_argument("--quantize", choices=["none", "int8"], default="none",
-                   help="int8: also time the int8 generator, interleaved with the plain one")
+    p.add_argument("--quantize", choices=["none", "int8", "w8a8"], default="none",
+                   help="int8 (weight-only) or w8a8 (int8 weights and per-token activations): "
+                        "also time that generator, interleaved with the plain one")
     p.add_argument("--fuse", action="store_true",
                    help="also time the generator with fused q/k/v and gate/up projections "
                         "(generate.fuse_projections), interleaved with the unfused one; with "
@@ -183,7 +184,8 @@ def run_jax(model, prompts, args) -> dict[str, float]:
 
 
 def _variant(model, args):
-    """The generator copy under test: fused projections (`--fuse`), then int8 (`--quantize`)."""
+    """The generator copy under test: fused projections (`--fuse`), then int8 or w8a8
+    (`--quantize`)."""
     from flax import nnx
 
     from jaxrl.models.quant import int8_copy
@@ -191,7 +193,9 @@ def _variant(model, args):
     copy = nnx.merge(*nnx.split(model))
     if args.fuse:
         copy.fuse_projections()
-    return int8_copy(copy) if args.quantize == "int8" else copy
+    if args.quantize == "none":
+        return copy
+    return int8_copy(copy, activations=args.quantize == "w8a8")
 
 
 def run_jax_vs(model, prompts, args, baseline=None) -> tuple[dict, dict, float]:
@@ -287,12 +291,12 @@ def run(args) -> dict[str, float]:
           f"f32 matmul peak {machine['matmul_gflops']:.1f} GFLOP/s")
     if args.fuse:  # the baseline: unfused, and int8 when the fused side is
         baseline = model
-        if args.quantize == "int8":
+        if args.quantize != "none":
             from jaxrl.models.quant import int8_copy
 
-            baseline = int8_copy(model)
+            baseline = int8_copy(model, activations=args.quantize == "w8a8")
         ours, other, ratios = run_jax_vs(model, prompts, args, baseline)
-    elif args.quantize == "int8":
+    elif args.quantize != "none":
         ours, other, ratios = run_jax_vs(model, prompts, args)
     else:
         ours = run_jax(model, prompts, args)
@@ -315,15 +319,17 @@ def run(args) -> dict[str, float]:
     print(f"roofline per decode step: {step_bytes / 1e6:.0f} MB -> "
           f"{results['bandwidth_frac']:.0%} of memory bandwidth; {step_flops / 1e9:.2f} GFLOP -> "
           f"{results['flops_frac']:.0%} of matmul peak")
-    if args.fuse or args.quantize == "int8":
-        name = "fused" if args.fuse else "int8"
-        base = f"unfused {'int8' if args.quantize == 'int8' else args.dtype}"
+    if args.fuse or args.quantize != "none":
+        name = "fused" if args.fuse else args.quantize
+        base = f"unfused {args.dtype if args.quantize == 'none' else args.quantize}"
         results[f"{name}_tokens_per_s"] = tokens / other["total_s"]
         results[f"{name}_decode_tokens_per_s"] = tokens / other["decode_s"]
         results[f"{name}_ratio"] = ratios["total_s"]
         results[f"{name}_decode_ratio"] = ratios["decode_s"]
         results[f"{name}_paired_ratios"] = ratios["pairs"]
-        label = "fused projections" if args.fuse else "int8 (weight-only)"
+        label = "fused projections" if args.fuse else {
+            "int8": "int8 (weight-only)", "w8a8": "w8a8 (int8 weights, int8 activations)"}[
+            args.quantize]
         print(f"jaxrl {label}: {results[f'{name}_tokens_per_s']:.0f} tok/s end to end, "
               f"{results[f'{name}_decode_tokens_per_s']:.0f} tok/s decode; {name} / "
               f"{base if args.fuse else args.dtype} {ratios['total_s']:.3f}x end to end, "

@@ -23,8 +23,9 @@ from jaxrl.dtypes import canonical_dtype
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
 Architecture = Literal["llama", "qwen2", "qwen3", "qwen3_moe"]
 KVLayout = Literal["contiguous", "paged"]
-# the generator's copy of the weights: as synced, or weight-only int8 (jaxrl.models.quant)
-Quantize = Literal["none", "int8"]
+# the generator's copy of the weights: as synced, weight-only int8, or int8 weights and per-token
+# int8 activations (jaxrl.models.quant)
+Quantize = Literal["none", "int8", "w8a8"]
 LoraTarget = Literal["q", "k", "v", "o", "gate", "up", "down"]
 LoraGenerator = Literal["merge", "forward"]
 LORA_TARGETS: tuple[str, ...] = typing.get_args(LoraTarget)
@@ -285,7 +286,9 @@ class GenerateConfig:
     page_size: int = 16  # positions per page (kv_layout="paged"; the GPU kernel needs 2^k >= 16)
     # "int8": each publish quantizes the decoder layers' projections for the generator (per
     # output channel, weight-only; the trainer keeps its precision; behaviour logprobs come from
-    # the int8 policy, so pair it with an off-policy correction such as train.correction)
+    # the int8 policy, so pair it with an off-policy correction such as train.correction);
+    # "w8a8": the same weights, and each projection also quantizes its input per token and
+    # contracts in int8 (faster than f32 on CPU, where weight-only int8 is slower)
     quantize: Quantize = "none"
     # each publish joins the generator's q/k/v and dense gate/up projections into one wider
     # matmul each (jaxrl/models/transformer.py, fuse_projections; docs/benchmarks.md, "Generator

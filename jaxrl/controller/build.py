@@ -229,9 +229,11 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
     gen_dtype = cfg.generate.dtype or model_cfg.param_dtype
     gen_cfg = dataclasses.replace(model_cfg, param_dtype=gen_dtype, dtype=gen_dtype)
     gather = local_replica if multi else None
-    int8 = cfg.generate.quantize == "int8"
+    int8 = cfg.generate.quantize in ("int8", "w8a8")
+    act = cfg.generate.quantize == "w8a8"  # per-token int8 activations too
     if model_cfg.lora.enabled:
-        publisher, graphdef = lora_publisher(gen_cfg, mesh, base, gather, int8=int8)
+        publisher, graphdef = lora_publisher(gen_cfg, mesh, base, gather, int8=int8,
+                                             activations=act)
         gen_params = publisher.publish(trainer_params, version)[0]
     else:
         graphdef, abstract = nnx.split(abstract_model(gen_cfg))
@@ -239,8 +241,10 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
         sync = WeightSync(targets, dtype=gen_dtype, gather=gather)
         quantize, fuse = None, cfg.generate.fuse_projections
         if int8 or fuse:  # moved in generate.dtype, then fused / quantized on the generator mesh
-            quantize = int8_quantizer(gen_cfg, mesh, graphdef, int8=int8, fuse=fuse)
-            graphdef = nnx.graphdef(abstract_model(gen_cfg, int8=int8, fused=fuse))
+            quantize = int8_quantizer(gen_cfg, mesh, graphdef, int8=int8, fuse=fuse,
+                                      activations=act)
+            graphdef = nnx.graphdef(abstract_model(gen_cfg, int8=int8, fused=fuse,
+                                                   activations=act))
         publisher = GeneratorPublisher(sync, graphdef, quantize)
         gen_params = publisher.publish(trainer_params, version)[0]
     kind, split = JaxEngine, {}
@@ -300,10 +304,12 @@ def live_rebalance(cfg: RunConfig, model_cfg, meshes, learner, pipeline, produce
     return live
 
 
-def int8_quantizer(gen_cfg, mesh, plain_graphdef, *, int8: bool = True, fuse: bool = False):
+def int8_quantizer(gen_cfg, mesh, plain_graphdef, *, int8: bool = True, fuse: bool = False,
+                   activations: bool = False):
     """The jitted `params -> params` of the generator's own copy, on the generator mesh:
     `plain_graphdef`'s model (no adapters) with its projections fused
-    (`generate.fuse_projections`) and/or quantized (`generate.quantize="int8"`), laid out as
+    (`generate.fuse_projections`) and/or quantized (`generate.quantize="int8"` or `"w8a8"`:
+    `activations`), laid out as
     the transformed model's shardings (`jaxrl.models.quant.generator_state_fn`)."""
     from flax import nnx
 
@@ -314,14 +320,16 @@ def int8_quantizer(gen_cfg, mesh, plain_graphdef, *, int8: bool = True, fuse: bo
     plain_cfg = dataclasses.replace(gen_cfg, lora=type(gen_cfg.lora)())
     abstract = nnx.state(abstract_model(plain_cfg, int8=int8, fused=fuse))
     return generator_state_fn(plain_graphdef, pure_state_shardings(abstract, mesh, "generator"),
-                              int8=int8, fuse=fuse)
+                              int8=int8, fuse=fuse, activations=activations)
 
 
-def lora_publisher(gen_cfg, mesh, base, gather, *, int8: bool = False):
+def lora_publisher(gen_cfg, mesh, base, gather, *, int8: bool = False,
+                   activations: bool = False):
     """(LoraPublisher, the generator model's graphdef) for a LoRA run: the base moved once in
     the generator's dtype; adapters every publish, then merged into a plain model on the
     generator mesh (`model.lora.generator="merge"`) or applied in its forward pass. `int8`:
-    the merged weights (or, in the forward pass, the base once) quantized."""
+    the merged weights (or, in the forward pass, the base once) quantized (`activations`:
+    w8a8)."""
     from flax import nnx
 
     from jaxrl.controller.weight_sync import LoraPublisher, WeightSync
@@ -334,7 +342,8 @@ def lora_publisher(gen_cfg, mesh, base, gather, *, int8: bool = False):
     _, abstract = nnx.split(abstract_model(gen_cfg))
     base_targets, adapter_targets = lora.split(pure_state_shardings(abstract, mesh, "generator"))
     plain_cfg = dataclasses.replace(gen_cfg, lora=type(lora_cfg)())
-    graphdef = nnx.graphdef(abstract_model(plain_cfg if merge else gen_cfg, int8=int8))
+    graphdef = nnx.graphdef(abstract_model(plain_cfg if merge else gen_cfg, int8=int8,
+                                           activations=activations))
     quantize = None
     if int8:
         quantize = int8_quantizer(gen_cfg, mesh, nnx.graphdef(abstract_model(plain_cfg)))

@@ -12,16 +12,16 @@ from jaxrl.sharding import Role, state_shardings
 
 
 def abstract_model(cfg: ModelConfig, seed: int = 0, *, int8: bool = False,
-                   fused: bool = False) -> Transformer:
+                   fused: bool = False, activations: bool = False) -> Transformer:
     """The model with `ShapeDtypeStruct` leaves (no memory allocated); the generator's copy
     with `fused` projections (`Transformer.fuse_projections`) and/or `int8` ones
-    (`Transformer.quantize_int8`)."""
+    (`Transformer.quantize_int8`; `activations`: w8a8)."""
 
     def build():
         model = Transformer(cfg, rngs=nnx.Rngs(seed))
         if fused:
             model.fuse_projections()
-        return model.quantize_int8() if int8 else model
+        return model.quantize_int8(activations) if int8 else model
 
     return nnx.eval_shape(build)
 

@@ -140,13 +140,15 @@ def _project(module, name: str, spec: str, x, dt):
     as int8 and its per-output-channel scale (`<name>_scale`) applied to the result."""
     w = getattr(module, name)[...]
     if module.int8:
-        return quant.int8_einsum(spec, x.astype(dt), w, getattr(module, f"{name}_scale")[...])
+        return quant.int8_einsum(spec, x.astype(dt), w, getattr(module, f"{name}_scale")[...],
+                                 activations=module.int8_activations)
     return jnp.einsum(spec, x, w.astype(dt))
 
 
-def _quantize_projections(module, contracted: dict[str, int]) -> None:
+def _quantize_projections(module, contracted: dict[str, int], activations: bool) -> None:
     """Replace each named projection (its first n axes contracted) by its int8 values and
-    add `<name>_scale`, whose logical axes are the projection's output axes."""
+    add `<name>_scale`, whose logical axes are the projection's output axes; `activations`:
+    the forward pass quantizes each projection's input per token too (w8a8)."""
     if module.int8:
         raise ValueError(f"{type(module).__name__} is already quantized")
     for name, n in contracted.items():
@@ -155,7 +157,7 @@ def _quantize_projections(module, contracted: dict[str, int]) -> None:
         q, scale = quant.quantize_int8(param[...], n)
         setattr(module, name, nnx.Param(q, logical_axes=axes))
         setattr(module, f"{name}_scale", nnx.Param(scale, logical_axes=axes[n:]))
-    module.int8 = True
+    module.int8, module.int8_activations = True, activations
 
 
 def _check_fusable(module, lora_enabled: bool) -> None:
@@ -176,6 +178,7 @@ class Attention(nnx.Module):
         std = 0.02
         self.cfg = cfg
         self.int8 = False  # quantize_int8() swaps the projections for int8 + scales
+        self.int8_activations = False  # ... and with activations=True, quantizes their inputs
         self.fused = False  # fuse_projections() joins q/k/v into qkv_proj
         self.q_proj = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd, std)
         self.k_proj = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd, std)
@@ -200,10 +203,10 @@ class Attention(nnx.Module):
         lora.add_adapters(self, cfg.lora, "o", (h, d), ("heads", "head_dim"), (e,), ("embed",),
                           rngs)
 
-    def quantize_int8(self) -> None:
+    def quantize_int8(self, activations: bool = False) -> None:
         """Hold q/k/v/o in int8 with per-output-channel scales (`jaxrl.models.quant`)."""
         inputs = {"qkv_proj": 1} if self.fused else {"q_proj": 1, "k_proj": 1, "v_proj": 1}
-        _quantize_projections(self, {**inputs, "o_proj": 2})
+        _quantize_projections(self, {**inputs, "o_proj": 2}, activations)
 
     def fuse_projections(self) -> None:
         """Join q/k/v (and their biases) into one `qkv_proj [E, K, G+2, D]` (G = H/K query heads
@@ -287,6 +290,7 @@ class MLP(nnx.Module):
         self.lora = cfg.lora
         self.sizes = (e, f)
         self.int8 = False  # quantize_int8() swaps the projections for int8 + scales
+        self.int8_activations = False  # ... and with activations=True, quantizes their inputs
         self.fused = False  # fuse_projections() joins gate/up into gate_up_proj
 
     def add_lora(self, rngs: nnx.Rngs) -> None:
@@ -295,10 +299,10 @@ class MLP(nnx.Module):
             lora.add_adapters(self, self.lora, name, (e,), ("embed",), (f,), ("mlp",), rngs)
         lora.add_adapters(self, self.lora, "down", (f,), ("mlp",), (e,), ("embed",), rngs)
 
-    def quantize_int8(self) -> None:
+    def quantize_int8(self, activations: bool = False) -> None:
         """Hold gate/up/down in int8 with per-output-channel scales (`jaxrl.models.quant`)."""
         inputs = {"gate_up_proj": 1} if self.fused else {"gate_proj": 1, "up_proj": 1}
-        _quantize_projections(self, {**inputs, "down_proj": 1})
+        _quantize_projections(self, {**inputs, "down_proj": 1}, activations)
 
     def fuse_projections(self) -> None:
         """Join gate and up into one `gate_up_proj [E, 2, F]` (one dot for both; an `mlp` shard
@@ -400,15 +404,16 @@ class Transformer(nnx.Module):
                 layer.attn.add_lora(adapter_rngs)
                 layer.mlp.add_lora(adapter_rngs)
 
-    def quantize_int8(self) -> Transformer:
+    def quantize_int8(self, activations: bool = False) -> Transformer:
         """The generator's int8 copy (`generate.quantize="int8"`, `jaxrl.models.quant`): every
         decoder layer's attention and dense MLP projections become int8 with f32 scales per
         output channel, in place. The embedding, lm head, norms, biases and expert weights keep
-        their dtype. Inference only: the int8 weights have no gradient."""
+        their dtype. `activations` (`"w8a8"`): those projections also quantize their inputs per
+        token and contract in int8. Inference only: the int8 weights have no gradient."""
         for layer in self.layers:
-            layer.attn.quantize_int8()
+            layer.attn.quantize_int8(activations)
             if not layer.sparse:
-                layer.mlp.quantize_int8()
+                layer.mlp.quantize_int8(activations)
         return self
 
     def fuse_projections(self) -> Transformer:

@@ -352,7 +352,7 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
         # the base it received once + the merged copy of the model decode runs
         gen_weights = 2 * gen_weights
         weights_note = "LoRA merge: at most the kept base + the merged weights"
-    if gen.quantize == "int8":  # the synced copy (until quantized) + the int8 model
+    if gen.quantize in ("int8", "w8a8"):  # the synced copy (until quantized) + the int8 model
         gen_weights += _int8_generator_bytes(model_cfg, gdt, gshape)
         weights_note = (weights_note + "; " if weights_note else "") + (
             "int8: + the int8 model (projections 1 byte, f32 scales)")

@@ -1,4 +1,4 @@
-"""Weight-only int8 for the generator (`jaxrl.models.quant`, `generate.quantize="int8"`)."""
+"""Int8 for the generator (`jaxrl.models.quant`, `generate.quantize="int8"` and `"w8a8"`)."""
 
 import jax
 import jax.numpy as jnp
@@ -130,3 +130,86 @@ def test_memory_plan_counts_the_int8_copy_by_hand():
     # 64 + 32 + 32 + 64 + 128 + 128 + 64 in f32; embedding + norms 8192 + 5 * 64 in f32
     int8 = 2 * 36864 + 2 * 512 * 4 + (8192 + 320) * 4
     assert plan.item("weights").bytes == 4 * 82240 + int8  # + the synced f32 copy
+
+
+def _w8a8_reference(spec, x, q, scale, n):
+    """w8a8 by hand in float64 numpy: each token (the input's leading axes) scaled by its own
+    absmax over the `n` contracted trailing axes, rounded to int8, contracted with the int8
+    weight, then both scales applied."""
+    x = np.asarray(x, np.float64)
+    amax = np.abs(x).reshape(x.shape[:x.ndim - n] + (-1,)).max(-1)
+    t = np.where(amax > 0, amax / 127, 1.0)
+    p = np.clip(np.round(x / t.reshape(t.shape + (1,) * n)), -127, 127)
+    out = np.einsum(spec, p, np.asarray(q, np.float64))
+    return out * t.reshape(t.shape + (1,) * (out.ndim - t.ndim)) * np.asarray(scale, np.float64)
+
+
+@pytest.mark.parametrize("spec,xs,ws,n", [("bte,ef->btf", (2, 3, 16), (16, 24), 1),
+                                          ("bthd,hde->bte", (2, 3, 4, 8), (4, 8, 16), 2),
+                                          ("bte,ekd->btkd", (2, 3, 16), (16, 2, 8), 1)])
+def test_w8a8_einsum_is_int8_activations_times_int8_weights(spec, xs, ws, n):
+    x = jax.random.normal(jax.random.key(3), xs) * 3.0
+    x = x.at[0, 0].set(0.0)  # an all-zero token: scale 1, output 0
+    q, scale = quant.quantize_int8(jax.random.normal(jax.random.key(4), ws), n)
+    got = quant.int8_einsum(spec, x, q, scale, activations=True)
+    want = _w8a8_reference(spec, x, q, scale, n)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    assert not np.any(np.asarray(got[0, 0]))
+    # and it is a close approximation of the unquantized product (per-token rounding only)
+    plain = np.einsum(spec, np.asarray(x, np.float64), np.asarray(quant.dequantize(q, scale)))
+    assert np.max(np.abs(np.asarray(got) - plain)) < 0.05 * np.max(np.abs(plain))
+    # the contraction itself runs on int8 operands with int32 sums
+    hlo = jax.jit(lambda a: quant.int8_einsum(spec, a, q, scale, activations=True)).lower(
+        x).as_text()
+    assert any("dot_general" in line and "xi8>" in line and "xi32>" in line
+               for line in hlo.splitlines())
+
+
+def test_w8a8_refuses_a_spec_whose_tokens_do_not_lead():
+    q, scale = quant.quantize_int8(jax.random.normal(jax.random.key(5), (16, 8)), 1)
+    with pytest.raises(ValueError, match="w8a8 needs.*'etb,ef->btf'"):
+        quant.int8_einsum("etb,ef->btf", jnp.ones((16, 3, 2)), q, scale, activations=True)
+
+
+def test_w8a8_generator_greedy_logits_are_close_to_f32_and_its_own():
+    """`quantize_int8(activations=True)` keeps weight-only int8's weights and adds per-token
+    activation rounding: logits stay near the f32 model's; the engine's greedy tokens and
+    behaviour logprobs are the w8a8 model's own."""
+    from jaxrl.generate import SamplingParams, sample
+
+    cfg = tiny_model_config()
+    model = create_model(cfg, seed=0)
+    w8 = quant.int8_copy(model)
+    w8a8 = quant.int8_copy(model, activations=True)
+    assert w8a8.layers[0].attn.int8_activations and w8a8.layers[0].mlp.int8_activations
+    assert not w8.layers[0].attn.int8_activations
+    for a, b in zip(jax.tree.leaves(nnx.state(w8)), jax.tree.leaves(nnx.state(w8a8)),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the same weights
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    outs = sample(w8a8, prompts, SamplingParams(max_tokens=12, temperature=0.0))
+    for prompt, c in zip(prompts, outs, strict=True):
+        seq = jnp.asarray([prompt + c.tokens])
+        lq, lw, lf = w8a8(seq)[0], w8(seq)[0], model(seq)[0]
+        assert float(jnp.max(jnp.abs(lq - lf))) <= 2 * LOGIT_ATOL
+        assert float(jnp.max(jnp.abs(lq - lw))) > 0  # activations are rounded too
+        pos = np.arange(len(prompt) - 1, seq.shape[1] - 1)
+        np.testing.assert_array_equal(np.asarray(jnp.argmax(lq[pos], -1)), c.tokens)
+        logp = jax.nn.log_softmax(lq[pos], -1)[np.arange(len(pos)), np.asarray(c.tokens)]
+        np.testing.assert_allclose(np.asarray(logp), c.logprobs, atol=1e-4)
+
+
+def test_a_run_config_with_w8a8_builds_a_w8a8_generator():
+    from jaxrl.config import GenerateConfig, RunConfig
+    from jaxrl.controller.build import generator
+
+    cfg = tiny_model_config()
+    run_cfg = RunConfig(model=cfg, generate=GenerateConfig(num_slots=4, max_len=32,
+                                                           quantize="w8a8"))
+    mesh = make_meshes(MeshConfig(trainer=(1, 1), generator=(1, 1))).generator
+    params = nnx.to_pure_dict(nnx.state(create_model(cfg, seed=0)))
+    _, engine, _ = generator(run_cfg, cfg, mesh, params, seq_len=16, version=0, eos_id=0,
+                             multi=False)
+    model = nnx.merge(engine.graphdef, engine.params.state)
+    assert model.layers[0].attn.q_proj[...].dtype == jnp.int8
+    assert model.layers[0].attn.int8_activations and model.layers[0].mlp.int8_activations
