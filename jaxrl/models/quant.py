@@ -1,4 +1,4 @@
-"""Weight-only int8 for the generator's copy of the model (`generate.quantize="int8"`).
+"""Int8 for the generator's copy of the model: weight-only (`generate.quantize="int8"`) or w8a8.
 
 A projection `W` whose leading `n` axes are contracted (`q_proj [E, H, D]`: n=1, `o_proj
 [H, D, E]`: n=2) is stored as `q = round(W / s)` in int8, clipped to [-127, 127], with one f32
