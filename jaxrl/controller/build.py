@@ -309,8 +309,8 @@ def int8_quantizer(gen_cfg, mesh, plain_graphdef, *, int8: bool = True, fuse: bo
     """The jitted `params -> params` of the generator's own copy, on the generator mesh:
     `plain_graphdef`'s model (no adapters) with its projections fused
     (`generate.fuse_projections`) and/or quantized (`generate.quantize="int8"` or `"w8a8"`:
-    `activations`), laid out as
-    the transformed model's shardings (`jaxrl.models.quant.generator_state_fn`)."""
+    `activations`), laid out as the transformed model's shardings
+    (`jaxrl.models.quant.generator_state_fn`)."""
     from flax import nnx
 
     from jaxrl.models.model import abstract_model
