@@ -120,9 +120,10 @@ class DisaggregatedEngine(JaxEngine):
 
     def prefix_shardings(self, prefix: Prefix):
         """Where a prefix lives on the decode mesh: cache rows as the decode state's cache
-        (`KVCache.LOGICAL_AXES`; one row is replicated over `dp`), everything else replicated."""
+        (`KVCache.logical_axes`; one row is replicated over `dp`), everything else replicated."""
         def shard(path, x):
-            if {getattr(p, "name", None) for p in path} & {"k", "v"}:
-                return logical_sharding(self.mesh, "generator", KVCache.LOGICAL_AXES, x.shape)
+            if which := {getattr(p, "name", None) for p in path} & {"k", "v"}:
+                axes = KVCache.logical_axes(*which, prefix.cache.heads_major)
+                return logical_sharding(self.mesh, "generator", axes, x.shape)
             return NamedSharding(self.mesh, PartitionSpec())
         return jax.tree_util.tree_map_with_path(shard, prefix)

@@ -316,7 +316,7 @@ class JaxEngine:
         def shard(path, x):
             names = {getattr(p, "name", None) for p in path}
             if names & {"k", "v"}:
-                axes = KVCache.LOGICAL_AXES
+                axes = KVCache.logical_axes(*(names & {"k", "v"}), abstract.cache.heads_major)
             elif names & {"k_pages", "v_pages"}:
                 axes = PagedKVCache.LOGICAL_AXES
             else:  # per-slot arrays, the page table included
@@ -448,7 +448,9 @@ class JaxEngine:
 
     def _prefill_impl(self, params: Weights, tokens_1P, true_length):
         model = nnx.merge(self.graphdef, params.state)
-        cache = KVCache.init(self.cfg, 1, tokens_1P.shape[1])
+        # the prefix's layout is the decode cache's (pages are filled from [B, S, K, D] rows)
+        cache = KVCache.init(self.cfg, 1, tokens_1P.shape[1],
+                             heads_major=False if self.kv_layout == "paged" else None)
         hidden_1PE, cache, experts_L1PK = model.decode_hidden_routed(tokens_1P, cache,
                                                                     true_length[None])
         last_11E = jax.lax.dynamic_slice_in_dim(hidden_1PE, true_length - 1, 1, axis=1)
@@ -475,7 +477,8 @@ class JaxEngine:
             zip_ = lambda a, b: zip(a, b, strict=True)
             cache = KVCache(k=[write(c, p) for c, p in zip_(state.cache.k, prefix.cache.k)],
                             v=[write(c, p) for c, p in zip_(state.cache.v, prefix.cache.v)],
-                            lengths_B=state.cache.lengths_B.at[slot].set(prefix.true_length))
+                            lengths_B=state.cache.lengths_B.at[slot].set(prefix.true_length),
+                            heads_major=state.cache.heads_major)
         base = jax.random.key_data(jax.random.fold_in(
             jax.random.wrap_key_data(sp.key_data, impl="threefry2x32"), sp.sample_index))
         return dataclasses.replace(

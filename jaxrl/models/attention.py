@@ -8,7 +8,9 @@ Two call shapes cover everything the model does:
   attending to a KV cache whose rows hold `kv_lengths` valid entries (decode, chunked prefill).
 
 `impl` is one of `xla | pallas | cudnn | auto`. `auto` resolves to Pallas kernels on TPU/GPU and
-to the XLA reference on CPU. Shapes: q `[B, T, Hq, D]`, k/v `[B, S, Hkv, D]`, Hq % Hkv == 0.
+to the XLA reference on CPU. Shapes: q `[B, T, Hq, D]`, k/v `[B, S, Hkv, D]`, Hq % Hkv == 0; a
+heads-major KV cache (`heads_major=True`) holds keys `[B, Hkv, D, S]` and values `[B, Hkv, S, D]`
+(`jaxrl.models.transformer.KVCache`).
 
 Sharding: a `pallas_call` has no SPMD partitioning rule, so with impl "pallas" under a mesh set
 by `jax.set_mesh` (trainer or generator mesh) the kernels run inside `jax.shard_map`, batch rows
@@ -189,16 +191,39 @@ def _blocked_causal_attention(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale):
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
-def cached_attention(q_BTHD, k_BSKD, v_BSKD, q_positions_BT, kv_lengths_B, *, impl: str = "xla"):
-    """Queries at `q_positions` attend to cache entries `< kv_lengths` and `<=` their position."""
+def cached_attention(q_BTHD, k_cache, v_cache, q_positions_BT, kv_lengths_B, *,
+                     impl: str = "xla", heads_major: bool = False):
+    """Queries at `q_positions` attend to cache entries `< kv_lengths` and `<=` their position.
+
+    The cache is `[B, S, K, D]` keys and values, or with `heads_major` keys `[B, K, D, S]` and
+    values `[B, K, S, D]`: each the right-hand side of its product in `[batch, contracted,
+    out]` order, so XLA:CPU runs both dots on the cache as it lies, where the sequence-major
+    cache is transposed (copied whole) for them at every decode step (docs/design.md).
+    """
     impl = resolve_impl(impl)
     scale = q_BTHD.shape[-1] ** -0.5
     if impl == "pallas" and q_BTHD.shape[1] == 1:
+        if heads_major:  # the kernel reads [B, S, K, D]; engines pick that layout for it
+            k_cache, v_cache = k_cache.transpose(0, 3, 1, 2), v_cache.transpose(0, 2, 1, 3)
         # The kernel's softmax scale is D**-0.5, as here; it reads only the valid prefix.
-        return _pallas_decode(q_BTHD[:, 0], k_BSKD, v_BSKD, kv_lengths_B)[:, None]
-    s = k_BSKD.shape[1]
+        return _pallas_decode(q_BTHD[:, 0], k_cache, v_cache, kv_lengths_B)[:, None]
+    s = k_cache.shape[-1] if heads_major else k_cache.shape[1]
     kpos_S = jnp.arange(s)
     mask_BTS = (kpos_S[None, None, :] <= q_positions_BT[:, :, None]) & (
         kpos_S[None, None, :] < kv_lengths_B[:, None, None]
     )
-    return _masked_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale)
+    if not heads_major:
+        return _masked_attention(q_BTHD, k_cache, v_cache, mask_BTS, scale)
+    # Query rows M = (G, T) per kv head, as one [B, K, M, D] operand: written as a 5-D einsum,
+    # XLA:CPU makes the cache the dot's left side and leaves the fast dot library.
+    b, t, hq, d = q_BTHD.shape
+    hkv = k_cache.shape[1]
+    g = hq // hkv
+    q_BKMD = q_BTHD.reshape(b, t, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
+    scores_BKMS = jnp.einsum("bkmd,bkds->bkms", q_BKMD, k_cache,
+                             preferred_element_type=jnp.float32) * scale
+    probs_BKGTS = masked_softmax(scores_BKMS.reshape(b, hkv, g, t, s),
+                                 mask_BTS[:, None, None, :, :])
+    probs_BKMS = probs_BKGTS.reshape(b, hkv, g * t, s).astype(v_cache.dtype)
+    out_BKMD = jnp.einsum("bkms,bksd->bkmd", probs_BKMS, v_cache)
+    return out_BKMD.reshape(b, hkv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, hq, d)

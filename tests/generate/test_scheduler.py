@@ -201,7 +201,7 @@ def test_sharded_generator_mesh_matches_unsharded(model, engine):
     mesh = make_mesh((2, 2), "generator", jax.devices()[4:])  # as make_meshes would: no device 0
     sharded = JaxEngine(model, num_slots=4, max_len=48, chunk_steps=4, max_stop_ids=4, mesh=mesh)
     state = sharded.init_decode_state()
-    assert state.cache.k[0].sharding.spec == PartitionSpec("dp", None, "tp", None)
+    assert state.cache.k[0].sharding.spec == PartitionSpec("dp", "tp", None, None)  # heads-major
     for sp in (SP, SamplingParams(max_tokens=10, temperature=0.0)):
         want = sample(engine, PROMPTS, sp)
         got = sample(sharded, PROMPTS, sp)

@@ -89,12 +89,15 @@ def test_generator_mesh_greedy_decode_pallas_equals_xla():
 
     def run(impl):
         graphdef, state = _split(impl, mesh, "generator")
-        cache = KVCache.init(cfg, batch=2, max_len=16)
-        spec = lambda x: logical_sharding(mesh, "generator", KVCache.LOGICAL_AXES, x.shape)
+        # each impl's own cache layout: XLA heads-major, the kernel [B, S, K, D]
+        heads_major = impl == "xla"
+        cache = KVCache.init(cfg, batch=2, max_len=16, heads_major=heads_major)
+        spec = lambda x, which: logical_sharding(
+            mesh, "generator", KVCache.logical_axes(which, heads_major), x.shape)
         cache = KVCache(
-            k=[jax.device_put(x, spec(x)) for x in cache.k],
-            v=[jax.device_put(x, spec(x)) for x in cache.v],
-            lengths_B=cache.lengths_B,
+            k=[jax.device_put(x, spec(x, "k")) for x in cache.k],
+            v=[jax.device_put(x, spec(x, "v")) for x in cache.v],
+            lengths_B=cache.lengths_B, heads_major=heads_major,
         )
 
         @jax.jit

@@ -101,12 +101,14 @@ def test_sharded_init_equals_unsharded_init():
     np.testing.assert_array_equal(np.asarray(sharded.embed[...]), np.asarray(plain.embed[...]))
 
 
-def test_kv_cache_decode_matches_full_forward():
+@pytest.mark.parametrize("heads_major", [True, False])
+def test_kv_cache_decode_matches_full_forward(heads_major):
     cfg = tiny_model_config(qk_norm=True)
     model = create_model(cfg, seed=0)
     tokens = jnp.asarray(np.random.RandomState(1).randint(0, cfg.vocab_size, (2, 10)))
     full = np.asarray(model(tokens))
-    cache = KVCache.init(cfg, batch=2, max_len=16)
+    cache = KVCache.init(cfg, batch=2, max_len=16, heads_major=heads_major)
+    assert cache.max_len == 16 and cache.heads_major == heads_major
     # prefill 6 tokens (row 1 only 4 valid, then padding that later writes overwrite)
     _, cache = model.decode(tokens[:, :6], cache, num_valid_B=jnp.array([6, 4]))
     assert cache.lengths_B.tolist() == [6, 4]
