@@ -39,6 +39,14 @@ def test_micro_batch_rows_pass_the_setting_to_the_worker():
     assert rl_step.parse(["--micro-batches", "1,2,4"]).micro_batches == [1, 2, 4]
 
 
+def test_trl_without_gradient_checkpointing_is_its_own_peer_row():
+    cs = rl_step.contenders(["sync"], ["trl", "trl-nogc"])
+    assert [(c.name, c.worker, c.args, c.venv) for c in cs[1:]] == [
+        ("trl", "trl_worker.py", (), "trl"),
+        ("trl-nogc", "trl_worker.py", ("--no-gradient-checkpointing",), "trl")]
+    assert rl_step.parse(["--vs", "trl-nogc"]).vs == ["trl-nogc"]
+
+
 def test_remat_rows_pass_the_setting_to_the_worker():
     cs = rl_step.contenders(["sync"], ["trl"], [4], "full")
     assert [(c.name, c.args) for c in cs] == [
@@ -123,7 +131,7 @@ def test_workload_text():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--vs", "ray"], "--vs takes distinct names from trl,tunix,none"),
+    (["--vs", "ray"], "--vs takes distinct names from trl,trl-nogc,tunix,none"),
     (["--modes", "sync,sync"], "--modes takes distinct names"),
     (["--rounds", "0"], "--rounds must be >= 1"),
     (["--shape", "7b"], "invalid choice"),

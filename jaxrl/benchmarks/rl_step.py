@@ -50,7 +50,9 @@ SHAPES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=128),
 }
-PEERS = ("trl", "tunix")
+# trl-nogc: TRL with gradient checkpointing off (its GRPO default is on): less work per update,
+# more memory; the faster TRL setting where memory allows.
+PEERS = ("trl", "trl-nogc", "tunix")
 MODES = ("periodic", "sync")
 PROMPTS, GROUP, PROMPT_TOKENS, NEW_TOKENS = 16, 8, 40, 64
 VOCAB = 259  # 256 bytes + <|endoftext|> (pad) + <|im_start|> + <|im_end|> (EOS)
@@ -80,7 +82,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench.py rl-step", description=__doc__.split("\n")[0])
     p.add_argument("--vs", default="trl,tunix",
                    type=lambda v: _split(v, PEERS + ("none",), "--vs"),
-                   help="peers, comma-separated: trl,tunix (or none)")
+                   help="peers, comma-separated: trl,trl-nogc,tunix (or none)")
     p.add_argument("--modes", default="periodic,sync",
                    type=lambda v: _split(v, MODES, "--modes"), help="jaxrl pipeline modes")
     p.add_argument("--micro-batches", default="1", type=_micro_batches,
@@ -126,7 +128,11 @@ def contenders(modes: list[str], peers: list[str],
     rows = [Contender(f"jaxrl-{m}" + (f"-mb{k}" if k > 1 else "") + tail, "jaxrl_worker.py",
                       (m, str(k)) + ((remat,) if remat != "none" else ()))
             for m in modes for k in micro_batches]
-    return rows + [Contender(p, f"{p}_worker.py", (), p) for p in peers]
+    peer_rows = {"trl": Contender("trl", "trl_worker.py", (), "trl"),
+                 "trl-nogc": Contender("trl-nogc", "trl_worker.py",
+                                       ("--no-gradient-checkpointing",), "trl"),
+                 "tunix": Contender("tunix", "tunix_worker.py", (), "tunix")}
+    return rows + [peer_rows[p] for p in peers]
 
 
 def interleave(items: list, rounds: int) -> list[tuple[int, object]]:

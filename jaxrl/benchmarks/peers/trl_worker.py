@@ -1,12 +1,14 @@
 """TRL's side of `bench.py rl-step`: `GRPOTrainer` on the fixed workload (TRL 1.16, own venv).
 
-    python trl_worker.py ASSETS_DIR
+    python trl_worker.py ASSETS_DIR [--no-gradient-checkpointing]
 
 16 prompts x 8 generations per step (per_device_train_batch_size 128, one optimizer step per
 batch), exactly 64 new tokens (`min_new_tokens` in generation_kwargs bans EOS until the cap),
-beta 0 (no reference model), f32 on the CPU. Step time from a callback (on_step_begin ->
-on_step_end); generation time from a wrapper around the trainer's `_generate`; the number of new
-tokens per sample from the `completion_ids` the reward function receives.
+beta 0 (no reference model), f32 on the CPU. TRL's GRPO checkpoints gradients by default;
+`--no-gradient-checkpointing` turns that off (no recomputed forward, more memory). Step time
+from a callback (on_step_begin -> on_step_end); generation time from a wrapper around the
+trainer's `_generate`; the number of new tokens per sample from the `completion_ids` the reward
+function receives.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import common
 
 
 def main(argv: list[str]) -> int:
-    (assets,) = argv
+    assets, *flags = argv
+    if flags not in ([], ["--no-gradient-checkpointing"]):
+        raise SystemExit(f"unknown arguments {flags}; the only option is "
+                         "--no-gradient-checkpointing")
     w = common.load_workload(assets)
     import torch
     from datasets import Dataset
@@ -60,7 +65,8 @@ def main(argv: list[str]) -> int:
         top_p=1.0, beta=0.0, learning_rate=w["lr"], lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, bf16=False, use_cpu=True,
         max_steps=w["warmup"] + w["steps"], logging_steps=1, report_to="none",
-        save_strategy="no", disable_tqdm=True, seed=0)
+        save_strategy="no", disable_tqdm=True, seed=0,
+        gradient_checkpointing=not flags)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args,
                           train_dataset=Dataset.from_dict({"prompt": w["texts"]}),
                           processing_class=tokenizer, callbacks=[Timer()])
