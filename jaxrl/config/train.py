@@ -91,6 +91,9 @@ class TrainConfig:
     compute_dtype: str = "auto"
     # --- step mechanics
     micro_batches: int = 1  # gradient accumulation inside one update
+    # Each group's shared prompt runs once per step, not once per sample (`jaxrl.train.prefix`;
+    # dense models, one update per batch); False: every row's full forward.
+    share_prompts: bool = True
     remat: str = "none"
     logprob_chunk: int = 128  # tokens per chunk of the lm-head/log-softmax pass
     # The train step's backward reuses the forward's softmax instead of recomputing the lm head

@@ -63,7 +63,7 @@ def _masked_softmax_bwd(res, g):
 masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
 
 
-def _masked_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale):
+def masked_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale):
     """Reference attention with grouped-query heads and an explicit boolean mask (f32 softmax)."""
     b, t, hq, d = q_BTHD.shape
     hkv = k_BSKD.shape[2]
@@ -186,7 +186,7 @@ def _blocked_causal_attention(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale):
         causal_TS = jnp.arange(i, e)[:, None] >= jnp.arange(e)[None, :]
         mask_BTS = causal_TS[None] & (seg_BT[:, i:e, None] == seg_BT[:, None, :e])
         outs.append(
-            _masked_attention(q_BTHD[:, i:e], k_BSKD[:, :e], v_BSKD[:, :e], mask_BTS, scale)
+            masked_attention(q_BTHD[:, i:e], k_BSKD[:, :e], v_BSKD[:, :e], mask_BTS, scale)
         )
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
@@ -213,7 +213,7 @@ def cached_attention(q_BTHD, k_cache, v_cache, q_positions_BT, kv_lengths_B, *,
         kpos_S[None, None, :] < kv_lengths_B[:, None, None]
     )
     if not heads_major:
-        return _masked_attention(q_BTHD, k_cache, v_cache, mask_BTS, scale)
+        return masked_attention(q_BTHD, k_cache, v_cache, mask_BTS, scale)
     # Query rows M = (G, T) per kv head, as one [B, K, M, D] operand: written as a 5-D einsum,
     # XLA:CPU makes the cache the dot's left side and leaves the fast dot library.
     b, t, hq, d = q_BTHD.shape

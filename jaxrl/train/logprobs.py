@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl.models.moe import routing_mismatch
+from jaxrl.models.shared_prefix import shared_prefix_hidden
 from jaxrl.train.batch import Batch
 
 REMAT_POLICIES = {
@@ -195,15 +196,46 @@ def model_logprobs_routed(model, batch: Batch, *, chunk: int, remat: str = "none
     return logp_BT, ent_BT, stats
 
 
-def _logprobs(params, batch: Batch, *, graphdef, chunk: int, replay: bool):
+def _take(x_BT, index_BS):
+    return jnp.take_along_axis(x_BT, jnp.maximum(index_BS, 0), axis=1)
+
+
+def shared_logprobs(model, batch: Batch, layout, *, chunk: int,
+                    remat: str = "none", keep_probs_mb: float = 0.0,
+                    entropy_grad: bool = False):
+    """`(logp_BT, entropy_BT)` of `batch.tokens` as `model_logprobs` gives them at every loss
+    position, computed through the shared prefixes of a single `jaxrl.train.prefix.PrefixLayout`
+    (`whole` or one micro-batch's slice); 0 at the prefix positions and padding."""
+    valid_BS = layout.suffix_index_BS >= 0
+    tokens_BS = _take(batch.tokens, layout.suffix_index_BS)
+    positions_BS = _take(batch.positions, layout.suffix_index_BS)
+    seg_BS = jnp.where(valid_BS, _take(batch.segment_ids, layout.suffix_index_BS), 0)
+    hidden = shared_prefix_hidden
+    if remat in REMAT_POLICIES:
+        hidden = nnx.remat(hidden, policy=REMAT_POLICIES[remat])
+    h_BSE = hidden(model, layout.tokens_MGP, layout.positions_MGP, layout.lengths_MG,
+                   tokens_BS, positions_BS, seg_BS, layout.group_B)
+    w_EV = model.head_weight(h_BSE.dtype)
+    logp_BS, ent_BS = logprobs_from_hidden(w_EV, h_BSE, tokens_BS, seg_BS, chunk=chunk,
+                                           keep_probs_mb=keep_probs_mb, entropy_grad=entropy_grad)
+    read_BT = layout.inverse_BT >= 0
+    logp_BT = jnp.where(read_BT, _take(logp_BS, layout.inverse_BT), 0.0)
+    ent_BT = jnp.where(read_BT, _take(ent_BS, layout.inverse_BT), 0.0)
+    return logp_BT, ent_BT
+
+
+def _logprobs(params, batch: Batch, prefix=None, *, graphdef, chunk: int, replay: bool):
     model = nnx.merge(graphdef, params)
+    if prefix is not None:  # shared prompts (`jaxrl.train.prefix`)
+        return shared_logprobs(model, batch, prefix.whole(), chunk=chunk)[0]
     logp_BT, _ = model_logprobs(model, batch, chunk=chunk, replay=replay)
     return logp_BT
 
 
 @functools.cache
 def make_logprobs_fn(graphdef, *, chunk: int, out_sharding=None, replay: bool = False):
-    """Jitted `logprobs(params, batch) -> logp_BT` (f32, aligned as above) on the params' mesh.
+    """Jitted `logprobs(params, batch, prefix=None) -> logp_BT` (f32, aligned as above) on the
+    params' mesh; `prefix`: the batch's shared-prompt layout (`jaxrl.train.prefix`).
 
     Used for the proximal policy (current params before an update; `replay`: with the
     generator's routing, as the policy's forward) and the reference policy (its own routing)."""

@@ -33,6 +33,7 @@ from jaxrl.train.flops import mfu, peak_flops, train_flops_per_token
 from jaxrl.train.logprobs import make_logprobs_fn
 from jaxrl.train.minibatch import combine_update_metrics, plan_updates, take_rows
 from jaxrl.train.objective import correction_needs
+from jaxrl.train.prefix import PrefixLayout, plan_prefix_layout
 from jaxrl.train.state import (
     TrainState,
     init_frozen,
@@ -40,7 +41,7 @@ from jaxrl.train.state import (
     model_graphdef,
     train_state_shardings,
 )
-from jaxrl.train.step import batch_shardings, make_train_step
+from jaxrl.train.step import batch_shardings, layout_shardings, make_train_step
 
 # The shortest padded batch length; longer ones follow `padded_shape`'s buckets (16, 24, 32, 48,
 # ...). The lm-head chunk need not divide it: `logprobs.chunk_size` takes a divisor.
@@ -132,6 +133,7 @@ class Trainer:
         self.last_updates: list[dict] = []
         self._last_done = None
         self._peak = None
+        self.last_shared_fraction = 0.0  # of the last batch's tokens, computed once per group
 
     # ---------------------------------------------------------------- batches
     def pad(self, batch: Batch) -> Batch:
@@ -146,14 +148,16 @@ class Trainer:
         )
         return pad_batch(batch, rows, length)
 
-    def logprobs(self, params: dict, batch: Batch, *, proximal: bool = False) -> jax.Array:
+    def logprobs(self, params: dict, batch: Batch, *, proximal: bool = False,
+                 prefix: PrefixLayout | None = None) -> jax.Array:
         """Per-token logprobs of a (padded, device-placed) batch under `params` (the state's
         kind: with LoRA, adapters) (aligned as in `jaxrl.train.batch`). `proximal`: pi_old,
         routed as the policy's forward is (`train.routing_replay`); else the params' own
-        routing (the reference policy)."""
+        routing (the reference policy). `prefix`: the batch's shared-prompt layout (then 0 at
+        the prompt positions, which carry no loss)."""
         fn = self._proximal_logprobs if proximal else self._logprobs
         with jax.set_mesh(self.mesh):  # as in the train step (Pallas attention per shard)
-            return fn(self.full_params(params), batch)
+            return fn(self.full_params(params), batch, prefix)
 
     def full_params(self, params: dict) -> dict:
         """The model's whole params dict for the state's `params` (LoRA: base + adapters)."""
@@ -165,15 +169,38 @@ class Trainer:
 
     def prepare(self, batch: Batch) -> Batch:
         """Check, pad and place a host batch; fill proximal / reference logprobs if needed."""
+        return self._prepare(batch, share=False)[0]
+
+    def _prepare(self, batch: Batch, *, share: bool) -> tuple[Batch, PrefixLayout | None]:
+        """`prepare`, with `share`: laid out for shared prompts where that pays (the rows then
+        reordered; `jaxrl.train.prefix`), returning the placed layout (or None)."""
         check_batch(batch)
         batch = self.pad(batch)
+        layout = None
+        self.last_shared_fraction = 0.0
+        if share and self.shares_prompts:
+            planned = plan_prefix_layout(batch, self.cfg.micro_batches,
+                                         min_len=min(self.cfg.logprob_chunk, MIN_PADDED_LEN))
+            if planned is not None:
+                batch, layout = planned.batch, planned.layout
+                layout = jax.device_put(layout, layout_shardings(layout, self.mesh))
+                self.last_shared_fraction = 1 - planned.computed_tokens / planned.batch_tokens
         batch = jax.device_put(batch, batch_shardings(batch, self.mesh))
         if "proximal" in correction_needs(self.cfg) and batch.proximal_logprobs is None:
-            batch = batch.replace(proximal_logprobs=self.logprobs(self.state.params, batch,
-                                                                         proximal=True))
+            batch = batch.replace(proximal_logprobs=self.logprobs(
+                self.state.params, batch, proximal=True, prefix=layout))
         if self.ref_params is not None and batch.ref_logprobs is None:
-            batch = batch.replace(ref_logprobs=self.logprobs(self.ref_params, batch))
-        return batch
+            batch = batch.replace(ref_logprobs=self.logprobs(self.ref_params, batch,
+                                                             prefix=layout))
+        return batch, layout
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether the step lays batches out for shared prompts (`train.share_prompts`, a dense
+        model, one update per batch)."""
+        cfg, mc = self.cfg, self.model_cfg
+        dense = not any(mc.is_sparse_layer(i) for i in range(mc.num_layers))
+        return cfg.share_prompts and dense and self.updates_per_batch == 1
 
     # ---------------------------------------------------------------- stepping
     @property
@@ -185,16 +212,18 @@ class Trainer:
         with a seed from `seed_step`); return the previous batch's metrics (host floats) or
         None."""
         real_tokens = int(np.sum(np.asarray(batch.segment_ids) > 0))
-        dev_batch = self.prepare(batch)
+        dev_batch, layout = self._prepare(batch, share=True)
         t_dispatch = time.perf_counter()
         if self.updates_per_batch == 1:
-            self.state, metrics = self._step(self.state, dev_batch, self.frozen)
+            self.state, metrics = self._step(self.state, dev_batch, self.frozen, layout)
             metrics = [metrics]
         else:
             metrics = self._several_updates(batch, dev_batch, seed_step)
         previous = self._read_pending()
+        computed = round(real_tokens * (1 - self.last_shared_fraction))  # for the MFU
         self._pending = (metrics, t_dispatch, _Completion(metrics),
-                         real_tokens * self.cfg.epochs, dev_batch.shape[1])
+                         real_tokens * self.cfg.epochs, dev_batch.shape[1],
+                         computed * self.cfg.epochs, self.last_shared_fraction)
         return previous
 
     def _several_updates(self, host: Batch, full: Batch, seed_step: int) -> list:
@@ -224,7 +253,7 @@ class Trainer:
     def _read_pending(self) -> dict | None:
         if self._pending is None:
             return None
-        metrics, t_dispatch, completion, tokens, length = self._pending
+        metrics, t_dispatch, completion, tokens, length, computed, shared = self._pending
         per_update = [{k: float(v) for k, v in m.items()} for m in jax.device_get(metrics)]
         self.last_updates = per_update  # each update's metrics of the batch just read
         host = per_update[0] if len(per_update) == 1 else combine_update_metrics(per_update)
@@ -234,7 +263,9 @@ class Trainer:
         seconds = done - start
         host["train/step_s"] = seconds
         host["train/tokens_per_s"] = tokens / max(seconds, 1e-9)
-        host["train/mfu"] = self.mfu(tokens, length, seconds)  # may measure the peak once
+        # the model FLOPs of the tokens whose activations the step computed (shared prompts once)
+        host["train/mfu"] = self.mfu(computed, length, seconds)  # may measure the peak once
+        host["train/shared_prompt_frac"] = shared
         self._last_done = done
         if host["train/nonfinite"] and self.cfg.nan_policy == "stop":
             raise NonFiniteError(
