@@ -54,6 +54,18 @@ def test_remat_rows_pass_the_setting_to_the_worker():
     assert rl_step.parse([]).remat == "none"
 
 
+def test_share_prompts_rows_pass_the_setting_to_the_worker():
+    cs = rl_step.contenders(["sync"], [], [4], "none", "both")
+    assert [(c.name, c.args) for c in cs] == [
+        ("jaxrl-sync-mb4", ("sync", "4")),
+        ("jaxrl-sync-mb4-noshare", ("sync", "4", "none", "noshare"))]
+    cs = rl_step.contenders(["sync"], [], [1], "full", "off")
+    assert [(c.name, c.args) for c in cs] == [
+        ("jaxrl-sync-remat-full-noshare", ("sync", "1", "full", "noshare"))]
+    assert rl_step.parse([]).share_prompts == "on"
+    assert rl_step.parse(["--share-prompts", "both"]).share_prompts == "both"
+
+
 def test_medians_and_paired_ratios():
     times = {("jaxrl-sync", 0): 10.0, ("trl", 0): 20.0, ("jaxrl-sync", 1): 30.0,
              ("trl", 1): 20.0, ("jaxrl-sync", 2): 12.0, ("trl", 2): 16.0}
@@ -138,6 +150,7 @@ def test_workload_text():
     (["--micro-batches", "3"], "--micro-batches takes distinct divisors of the 128 rows"),
     (["--micro-batches", "4,4"], "--micro-batches takes distinct divisors"),
     (["--remat", "half"], "argument --remat: invalid choice: 'half'"),
+    (["--share-prompts", "yes"], "argument --share-prompts: invalid choice: 'yes'"),
 ])
 def test_argument_errors_come_before_jax(argv, message):
     code = ("import sys; sys.path.insert(0, 'launch'); import bench\n"

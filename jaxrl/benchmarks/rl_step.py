@@ -2,6 +2,7 @@
 
     python launch/bench.py rl-step --vs tunix,trl [--shape 22m|100m] [--modes periodic,sync]
                                    [--micro-batches 1,4] [--remat full] [--rounds 3] [--steps 3]
+                                   [--share-prompts on|off|both]
                                    [--warmup 2]
                                    [--cache-dir DIR]
 
@@ -20,6 +21,9 @@ of new tokens per sample, loaded the saved weights (checksum) and changed them.
 `jaxrl-sync-mb4`, ...; 1 keeps the plain name). The default, 1, is what the TRL worker does: one
 forward/backward over all 128 rows (per_device_train_batch_size 128, no gradient accumulation).
 `--remat` sets jaxrl's `train.remat` for its rows (TRL's GRPO checkpoints gradients by default).
+`--share-prompts off` runs jaxrl with `train.share_prompts=False` (each sample's prompt computed
+again in the update, as the peers do; rows suffixed `-noshare`); `both` runs each jaxrl row with
+and without, interleaved: the paired A/B of that setting.
 """
 
 from __future__ import annotations
@@ -90,6 +94,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--remat", choices=REMAT_NAMES, default="none",
                    help="jaxrl's train.remat for its rows (TRL's GRPO checkpoints gradients by "
                         "default, which is like 'full'; rows are suffixed -remat-<name>)")
+    p.add_argument("--share-prompts", choices=("on", "off", "both"), default="on",
+                   help="jaxrl's train.share_prompts for its rows ('off' rows are suffixed "
+                        "-noshare; 'both' runs each jaxrl row both ways, an A/B)")
     p.add_argument("--shape", choices=list(SHAPES), default="22m")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=3, help="measured steps per run")
@@ -123,11 +130,20 @@ def _micro_batches(value: str) -> list[int]:
 
 def contenders(modes: list[str], peers: list[str],
                micro_batches: tuple[int, ...] | list[int] = (1,),
-               remat: str = "none") -> list[Contender]:
+               remat: str = "none", share_prompts: str = "on") -> list[Contender]:
     tail = "" if remat == "none" else f"-remat-{remat}"
-    rows = [Contender(f"jaxrl-{m}" + (f"-mb{k}" if k > 1 else "") + tail, "jaxrl_worker.py",
-                      (m, str(k)) + ((remat,) if remat != "none" else ()))
-            for m in modes for k in micro_batches]
+
+    def jaxrl_row(m: str, k: int, share: str) -> Contender:
+        name = f"jaxrl-{m}" + (f"-mb{k}" if k > 1 else "") + tail
+        args = (m, str(k))
+        if remat != "none" or share == "off":
+            args += (remat,)
+        if share == "off":
+            name, args = name + "-noshare", args + ("noshare",)
+        return Contender(name, "jaxrl_worker.py", args)
+
+    shares = ("on", "off") if share_prompts == "both" else (share_prompts,)
+    rows = [jaxrl_row(m, k, share) for m in modes for k in micro_batches for share in shares]
     peer_rows = {"trl": Contender("trl", "trl_worker.py", (), "trl"),
                  "trl-nogc": Contender("trl-nogc", "trl_worker.py",
                                        ("--no-gradient-checkpointing",), "trl"),
@@ -382,7 +398,7 @@ def fmt(x, spec=".2f") -> str:
 def main(argv: list[str]) -> int:
     args = parse(argv)
     cache = Path(args.cache_dir).expanduser()
-    cs = contenders(args.modes, args.vs, args.micro_batches, args.remat)
+    cs = contenders(args.modes, args.vs, args.micro_batches, args.remat, args.share_prompts)
     pythons: dict[str, str | None] = {}
     unavailable: dict[str, str] = {}
     specs = venv_specs()

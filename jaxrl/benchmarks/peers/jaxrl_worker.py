@@ -1,11 +1,13 @@
 """jaxrl's side of `bench.py rl-step`: one `jaxrl.run` of the fixed workload in one mode.
 
-    python jaxrl_worker.py ASSETS_DIR MODE [MICRO_BATCHES [REMAT]]   (MODE: periodic | sync)
+    python jaxrl_worker.py ASSETS_DIR MODE [MICRO_BATCHES [REMAT [noshare]]]
+                                                        (MODE: periodic | sync)
 
 MICRO_BATCHES (default 1) is `train.micro_batches`: the update's rows in that many sequential
 forward/backward passes (less activation memory, same gradient). REMAT (default "none") is
 `train.remat` ("full": each decoder layer's activations recomputed in the backward pass, as TRL's
-default gradient checkpointing does).
+default gradient checkpointing does). `noshare`: `train.share_prompts=False` (every sample's
+prompt computed again in the update).
 
 Runs in the current environment. Prints one `RLSTEP` line per step (warm-ups flagged) from the
 run's metrics rows, then a `weights` line: the parameter checksum as the trainer built it
@@ -24,6 +26,7 @@ def main(argv: list[str]) -> int:
     assets, mode, *rest = argv
     micro_batches = int(rest[0]) if rest else 1
     remat = rest[1] if len(rest) > 1 else "none"
+    share_prompts = not (len(rest) > 2 and rest[2] == "noshare")
     w = common.load_workload(assets)
     import jax
 
@@ -57,7 +60,7 @@ def main(argv: list[str]) -> int:
             name=f"rl-step-{mode}", run_dir=run_dir, init=f"{assets}/model",
             train=TrainConfig(lr=w["lr"], warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
                               kl_coef=0.0, checkpoint_every=0, micro_batches=micro_batches,
-                              remat=remat),
+                              remat=remat, share_prompts=share_prompts),
             data=DataConfig(task="records", paths=(f"{assets}/prompts.jsonl",),
                             eval_paths=(f"{assets}/prompts.jsonl",), epochs=steps + 1,
                             prompts_per_step=w["prompts"], group_size=w["group"],
