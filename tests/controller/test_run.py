@@ -173,14 +173,14 @@ def test_nan_inside_a_step_stops_or_is_skipped(tmp_path, monkeypatch, policy):
 
     from jaxrl.train.trainer import NonFiniteError, Trainer
 
-    real_prepare, calls = Trainer.prepare, []
+    real_prepare, calls = Trainer._prepare, []
 
-    def poisoned(self, batch):  # the second update's rewards turn NaN on the device
-        out = real_prepare(self, batch)
+    def poisoned(self, batch, **kw):  # the second update's rewards turn NaN on the device
+        out, layout = real_prepare(self, batch, **kw)
         calls.append(1)
-        return out.replace(rewards=out.rewards * jnp.nan) if len(calls) == 2 else out
+        return (out.replace(rewards=out.rewards * jnp.nan) if len(calls) == 2 else out), layout
 
-    monkeypatch.setattr(Trainer, "prepare", poisoned)
+    monkeypatch.setattr(Trainer, "_prepare", poisoned)
     cfg = tiny_run_config(tmp_path, pipeline=dict(steps=4), train=dict(nan_policy=policy))
     if policy == "stop":
         with pytest.raises(NonFiniteError, match="non-finite loss or gradient"):
