@@ -55,17 +55,18 @@ def test_skipped_update_keeps_checkpoints_on_pipeline_steps(tmp_path, monkeypatc
     from jaxrl.train.checkpoint import Checkpointer
     from jaxrl.train.trainer import Trainer
 
-    real_prepare, calls = Trainer.prepare, []
+    real_prepare, calls = Trainer._prepare, []
 
-    def poisoned(self, batch):  # the second update's rewards turn NaN on the device
-        out = real_prepare(self, batch)
+    def poisoned(self, batch, **kw):  # the second update's rewards turn NaN on the device
+        out, layout = real_prepare(self, batch, **kw)
         calls.append(1)
-        return out.replace(rewards=out.rewards * jnp.nan) if len(calls) == 2 else out
+        return (out.replace(rewards=out.rewards * jnp.nan) if len(calls) == 2 else out), layout
 
-    monkeypatch.setattr(Trainer, "prepare", poisoned)
+    monkeypatch.setattr(Trainer, "_prepare", poisoned)
     cfg = tiny_run_config(tmp_path, pipeline=dict(steps=4),
                           train=dict(nan_policy="skip", checkpoint_every=1))
     run_dir = jaxrl.run.run(cfg, progress=False, evaluate=False).run_dir
+    assert [r["train/nonfinite"] for r in read_metrics(run_dir)] == [0, 1, 0, 0]
     ckpt = Checkpointer(run_dir / "checkpoints", every=1, keep=5, use_async=False)
     try:
         assert ckpt.latest_step() == 4  # 4 pipeline steps, 3 applied updates
