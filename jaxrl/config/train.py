@@ -92,7 +92,7 @@ class TrainConfig:
     # --- step mechanics
     micro_batches: int = 1  # gradient accumulation inside one update
     # Each group's shared prompt runs once per step, not once per sample (`jaxrl.train.prefix`;
-    # dense models, one update per batch); False: every row's full forward.
+    # dense models; with mini-batches, each laid out on its own); False: every row's full forward.
     share_prompts: bool = True
     remat: str = "none"
     logprob_chunk: int = 128  # tokens per chunk of the lm-head/log-softmax pass

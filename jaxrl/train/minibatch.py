@@ -1,8 +1,8 @@
 """Several optimizer updates per rollout batch: `train.mini_batches` x `train.epochs`.
 
     plan = plan_updates(group_ids_B, valid_B, mini_batches=4, epochs=2, seed=(run_seed, step))
-    for rows in plan.updates:                  # 8 updates: 2 seeded shuffles x 4 mini-batches
-        mb = take_rows(batch, rows, plan)      # on the device, one fixed shape for every update
+    for update in plan.updates:                # 8 updates: 2 seeded shuffles x 4 mini-batches
+        mb = take_rows(batch, *padded_update(update, plan.rows))  # on the device, one shape
 
 Every update's PPO ratio is taken against the policy that generated the batch (its log-probs are
 computed once, before the first update, into `Batch.proximal_logprobs`), as in PPO (Schulman et
@@ -53,27 +53,38 @@ def plan_updates(group_ids_B, valid_B, *, mini_batches: int, epochs: int, seed: 
     return UpdatePlan(tuple(updates), round_up(most, row_multiple))
 
 
-@jax.jit
-def _gather(batch: Batch, idx_R, gid_R, keep_R):
-    def take(x):
-        return None if x is None else jnp.take(x, idx_R, axis=0)
-
-    out = jax.tree.map(take, batch)
+def _select(batch: Batch, idx_R, gid_R, keep_R, xp):
+    """Rows `idx_R` of `batch` (numpy or jax.numpy `xp`), regrouped as `gid_R`; rows where
+    `keep_R` is False carry no token and no loss."""
+    out = jax.tree.map(lambda x: None if x is None else xp.take(x, idx_R, axis=0), batch)
     keep_R1 = keep_R[:, None]
     return out.replace(segment_ids=out.segment_ids * keep_R1.astype(out.segment_ids.dtype),
                        loss_mask=out.loss_mask * keep_R1.astype(out.loss_mask.dtype),
                        group_ids=gid_R)
 
 
-def take_rows(batch: Batch, update: tuple[np.ndarray, np.ndarray], rows: int) -> Batch:
-    """The mini-batch of one update from a device batch, padded to `rows` rows (padding rows
-    repeat row 0 with no token and no loss)."""
+_gather = jax.jit(lambda batch, idx, gid, keep: _select(batch, idx, gid, keep, jnp))
+
+
+def padded_update(update: tuple[np.ndarray, np.ndarray], rows: int):
+    """`(idx_R, gid_R, keep_R)` of one update padded to `rows` rows (padding rows repeat row 0
+    with no token and no loss)."""
     idx, gid = update
     pad = rows - len(idx)
     keep = np.concatenate([np.ones(len(idx), bool), np.zeros(pad, bool)])
     idx = np.concatenate([idx, np.zeros(pad, np.int32)])
     gid = np.concatenate([gid, np.zeros(pad, np.int32)])
-    return _gather(batch, jnp.asarray(idx), jnp.asarray(gid), jnp.asarray(keep))
+    return idx, gid, keep
+
+
+def take_rows(batch: Batch, idx_R, gid_R, keep_R) -> Batch:
+    """The mini-batch of one (padded) update from a device batch, on the device."""
+    return _gather(batch, jnp.asarray(idx_R), jnp.asarray(gid_R), jnp.asarray(keep_R))
+
+
+def take_host_rows(batch: Batch, idx_R, gid_R, keep_R) -> Batch:
+    """`take_rows` on a host (numpy) batch: the same mini-batch, for planning its layout."""
+    return _select(jax.tree.map(np.asarray, batch), idx_R, gid_R, keep_R, np)
 
 
 def combine_update_metrics(per_update: list[dict[str, float]]) -> dict[str, float]:

@@ -7,7 +7,8 @@ hold before the first loss token, less the last one, which each row keeps as the
 its suffix (its hidden state predicts the first completion token) -- and lays the batch out for
 `jaxrl.models.shared_prefix`: the prefixes `[M, G, P]` per micro-batch and, per row, the suffix
 `[S]` cut from its tokens. The rows are reordered so that every micro-batch (rows m, m + M, ...,
-`jaxrl.train.step`) holds whole groups. `jaxrl.train.logprobs.shared_logprobs` maps the suffix
+`jaxrl.train.step`) holds whole groups; a group too large for the room left is split, each part
+computing the prompt once. `jaxrl.train.logprobs.shared_logprobs` maps the suffix
 log-probabilities back to the batch's `[B, T]` alignment, so the objective sees what the plain
 forward gives at every loss position (the prompt positions, which carry no loss, hold 0).
 
@@ -67,6 +68,7 @@ class PlannedBatch:
     layout: PrefixLayout  # numpy
     computed_tokens: int  # prefix + suffix tokens whose activations the step computes
     batch_tokens: int  # real tokens of the batch
+    order: np.ndarray  # row i of `batch` is row order[i] of the batch planned
 
 
 def _group_prefix(tokens_RT, positions_RT, cap: int) -> int:
@@ -82,17 +84,21 @@ def _bucket(n: int, min_len: int) -> int:
     return padded_shape(1, max(n, 1), row_multiple=1, min_len=min_len)[1]
 
 
-def _assign(groups: list[np.ndarray], micro_batches: int, rows_each: int):
-    """Whole groups into micro-batches, largest first into the one with most room; None when a
-    group does not fit."""
+def _assign(groups: list[np.ndarray], micro_batches: int,
+            rows_each: int) -> list[list[np.ndarray]]:
+    """Groups into micro-batches of `rows_each` rows, largest first into the one with most room;
+    a group larger than that room is split, the rest going back in line (each part then computes
+    the prompt once). Never fails while the groups hold at most `micro_batches * rows_each` rows."""
     parts = [[] for _ in range(micro_batches)]
     room = [rows_each] * micro_batches
-    for rows in sorted(groups, key=len, reverse=True):
+    queue = sorted(groups, key=len, reverse=True)
+    while queue:
+        rows = queue.pop(0)
         m = int(np.argmax(room))
+        parts[m].append(rows[: room[m]])
         if len(rows) > room[m]:
-            return None
-        parts[m].append(rows)
-        room[m] -= len(rows)
+            queue = sorted([*queue, rows[room[m]:]], key=len, reverse=True)
+        room[m] -= len(parts[m][-1])
     return parts
 
 
@@ -100,9 +106,10 @@ def plan_prefix_layout(batch: Batch, micro_batches: int, *,
                        min_len: int = 16) -> PlannedBatch | None:
     """Lay out a padded host batch for the shared-prefix step, or None where the plain layout is
     the one to use: packed rows (several segments per row), rows not right-padded, groups that
-    share less than `MIN_SAVED_FRACTION` of the tokens, or a group larger than a micro-batch.
-    Lengths are rounded up to `padded_shape`'s buckets (from `min_len`), prefix slots to a power
-    of two, so the step compiles for few shapes."""
+    share less than `MIN_SAVED_FRACTION` of the tokens (a group that does not fit in the rest
+    of a micro-batch is split, each part computing the prompt once). Lengths are rounded up to
+    `padded_shape`'s buckets (from `min_len`), prefix slots to a power of two, so the step
+    compiles for few shapes."""
     tokens, pos = np.asarray(batch.tokens), np.asarray(batch.positions)
     seg, mask = np.asarray(batch.segment_ids), np.asarray(batch.loss_mask)
     gid = np.asarray(batch.group_ids)
@@ -118,19 +125,18 @@ def plan_prefix_layout(batch: Batch, micro_batches: int, *,
     for rows in groups:
         cap = int(first_loss_B[rows].min()) - 1  # the last shared token stays in the suffix
         prefix_B[rows] = _group_prefix(tokens[rows], pos[rows], cap)
-    saved = sum((len(rows) - 1) * int(prefix_B[rows[0]]) for rows in groups)
+    rows_each = b // micro_batches
+    parts = _assign(groups, micro_batches, rows_each)
+    saved = sum((len(rows) - 1) * int(prefix_B[rows[0]]) for part in parts for rows in part)
     batch_tokens = int(lengths_B.sum())
     if saved < MIN_SAVED_FRACTION * max(batch_tokens, 1):
-        return None
-    parts = _assign(groups, micro_batches, b // micro_batches)
-    if parts is None:
         return None
     padding = list(np.flatnonzero(~valid_B))
     order = np.zeros(b, np.int64)  # new row m + M * j <- old row order[m + M * j]
     slot_B = np.zeros(b, np.int32)
     for m, part in enumerate(parts):
-        rows = [r for r in (np.concatenate(part) if part else [])]
-        rows += [padding.pop() for _ in range(b // micro_batches - len(rows))]
+        rows = list(np.concatenate(part)) if part else []
+        rows += [padding.pop() for _ in range(rows_each - len(rows))]
         order[m::micro_batches] = rows
         slots = np.concatenate([np.full(len(r), k) for k, r in enumerate(part)] or [[]])
         slot_B[m::micro_batches][: len(slots)] = slots
@@ -154,7 +160,7 @@ def plan_prefix_layout(batch: Batch, micro_batches: int, *,
                           inv_BT.astype(np.int32))
     reordered = jax.tree.map(lambda x: np.asarray(x)[order], batch)
     computed = int(lengths_MG.sum() + (len_B - start_B)[len_B > 0].sum())
-    return PlannedBatch(reordered, layout, computed, batch_tokens)
+    return PlannedBatch(reordered, layout, computed, batch_tokens, order)
 
 
 def micro_layouts(layout: PrefixLayout, m: int) -> PrefixLayout:

@@ -31,7 +31,13 @@ from jaxrl.models import lora
 from jaxrl.train.batch import Batch, check_batch, pad_batch, padded_shape
 from jaxrl.train.flops import mfu, peak_flops, train_flops_per_token
 from jaxrl.train.logprobs import make_logprobs_fn
-from jaxrl.train.minibatch import combine_update_metrics, plan_updates, take_rows
+from jaxrl.train.minibatch import (
+    combine_update_metrics,
+    padded_update,
+    plan_updates,
+    take_host_rows,
+    take_rows,
+)
 from jaxrl.train.objective import correction_needs
 from jaxrl.train.prefix import PrefixLayout, plan_prefix_layout
 from jaxrl.train.state import (
@@ -171,20 +177,29 @@ class Trainer:
         """Check, pad and place a host batch; fill proximal / reference logprobs if needed."""
         return self._prepare(batch, share=False)[0]
 
-    def _prepare(self, batch: Batch, *, share: bool) -> tuple[Batch, PrefixLayout | None]:
+    def _plan(self, host: Batch):
+        """`plan_prefix_layout` of a padded host batch for this trainer's step, or None."""
+        if not self.shares_prompts:
+            return None
+        return plan_prefix_layout(host, self.cfg.micro_batches,
+                                  min_len=min(self.cfg.logprob_chunk, MIN_PADDED_LEN))
+
+    def _place_layout(self, layout: PrefixLayout) -> PrefixLayout:
+        return jax.device_put(layout, layout_shardings(layout, self.mesh))
+
+    def _prepare(self, batch: Batch, *, share: bool):
         """`prepare`, with `share`: laid out for shared prompts where that pays (the rows then
-        reordered; `jaxrl.train.prefix`), returning the placed layout (or None)."""
+        reordered; `jaxrl.train.prefix`). Returns the device batch, its placed layout (or
+        None) and the padded host batch in the same row order."""
         check_batch(batch)
-        batch = self.pad(batch)
+        host = batch = self.pad(batch)
         layout = None
         self.last_shared_fraction = 0.0
-        if share and self.shares_prompts:
-            planned = plan_prefix_layout(batch, self.cfg.micro_batches,
-                                         min_len=min(self.cfg.logprob_chunk, MIN_PADDED_LEN))
-            if planned is not None:
-                batch, layout = planned.batch, planned.layout
-                layout = jax.device_put(layout, layout_shardings(layout, self.mesh))
-                self.last_shared_fraction = 1 - planned.computed_tokens / planned.batch_tokens
+        planned = self._plan(batch) if share else None
+        if planned is not None:
+            host = batch = planned.batch
+            layout = self._place_layout(planned.layout)
+            self.last_shared_fraction = 1 - planned.computed_tokens / planned.batch_tokens
         batch = jax.device_put(batch, batch_shardings(batch, self.mesh))
         if "proximal" in correction_needs(self.cfg) and batch.proximal_logprobs is None:
             batch = batch.replace(proximal_logprobs=self.logprobs(
@@ -192,15 +207,15 @@ class Trainer:
         if self.ref_params is not None and batch.ref_logprobs is None:
             batch = batch.replace(ref_logprobs=self.logprobs(self.ref_params, batch,
                                                              prefix=layout))
-        return batch, layout
+        return batch, layout, host
 
     @property
     def shares_prompts(self) -> bool:
-        """Whether the step lays batches out for shared prompts (`train.share_prompts`, a dense
-        model, one update per batch)."""
-        cfg, mc = self.cfg, self.model_cfg
-        dense = not any(mc.is_sparse_layer(i) for i in range(mc.num_layers))
-        return cfg.share_prompts and dense and self.updates_per_batch == 1
+        """Whether the step lays batches out for shared prompts (`train.share_prompts` and a
+        dense model)."""
+        mc = self.model_cfg
+        return self.cfg.share_prompts and not any(
+            mc.is_sparse_layer(i) for i in range(mc.num_layers))
 
     # ---------------------------------------------------------------- stepping
     @property
@@ -212,13 +227,13 @@ class Trainer:
         with a seed from `seed_step`); return the previous batch's metrics (host floats) or
         None."""
         real_tokens = int(np.sum(np.asarray(batch.segment_ids) > 0))
-        dev_batch, layout = self._prepare(batch, share=True)
+        dev_batch, layout, host = self._prepare(batch, share=True)
         t_dispatch = time.perf_counter()
         if self.updates_per_batch == 1:
             self.state, metrics = self._step(self.state, dev_batch, self.frozen, layout)
             metrics = [metrics]
         else:
-            metrics = self._several_updates(batch, dev_batch, seed_step)
+            metrics = self._several_updates(host, dev_batch, layout, seed_step)
         previous = self._read_pending()
         computed = round(real_tokens * (1 - self.last_shared_fraction))  # for the MFU
         self._pending = (metrics, t_dispatch, _Completion(metrics),
@@ -226,22 +241,34 @@ class Trainer:
                          computed * self.cfg.epochs, self.last_shared_fraction)
         return previous
 
-    def _several_updates(self, host: Batch, full: Batch, seed_step: int) -> list:
-        """Updates on mini-batches of `full`, every ratio against the policy before the first
-        (`jaxrl.train.minibatch`)."""
+    def _several_updates(self, host: Batch, full: Batch, layout: PrefixLayout | None,
+                         seed_step: int) -> list:
+        """Updates on mini-batches of `full` (`host`: the padded host batch, rows in the same
+        order; `layout`: its shared prompts or None), every ratio against the policy before the
+        first (`jaxrl.train.minibatch`). Each mini-batch gets its own shared-prompt layout."""
         if full.proximal_logprobs is None:  # pi_old: the policy that generated the batch
             full = full.replace(proximal_logprobs=self.logprobs(self.state.params, full,
-                                                                proximal=True))
+                                                                proximal=True, prefix=layout))
         valid = np.any(np.asarray(host.segment_ids) > 0, axis=1)
         plan = plan_updates(host.group_ids, valid, mini_batches=self.cfg.mini_batches,
                             epochs=self.cfg.epochs, seed=(self.cfg.seed, seed_step),
                             row_multiple=self.row_multiple)
-        out = []
+        out, computed, total = [], 0, 0
         for update in plan.updates:
-            mb = take_rows(full, update, plan.rows)
+            idx, gid, keep = padded_update(update, plan.rows)
+            mb_host = take_host_rows(host, idx, gid, keep)
+            planned, mb_layout = self._plan(mb_host), None
+            tokens = int(np.sum(mb_host.segment_ids > 0))
+            total += tokens
+            computed += tokens if planned is None else planned.computed_tokens
+            if planned is not None:  # the rows in the planned order
+                idx, gid, keep = idx[planned.order], gid[planned.order], keep[planned.order]
+                mb_layout = self._place_layout(planned.layout)
+            mb = take_rows(full, idx, gid, keep)
             mb = jax.device_put(mb, batch_shardings(mb, self.mesh))
-            self.state, metrics = self._step(self.state, mb, self.frozen)
+            self.state, metrics = self._step(self.state, mb, self.frozen, mb_layout)
             out.append(metrics)
+        self.last_shared_fraction = 1 - computed / max(total, 1)
         return out
 
     def flush(self) -> dict | None:
