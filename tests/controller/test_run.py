@@ -176,9 +176,9 @@ def test_nan_inside_a_step_stops_or_is_skipped(tmp_path, monkeypatch, policy):
     real_prepare, calls = Trainer._prepare, []
 
     def poisoned(self, batch, **kw):  # the second update's rewards turn NaN on the device
-        out, layout = real_prepare(self, batch, **kw)
+        out, *rest = real_prepare(self, batch, **kw)  # the device batch first
         calls.append(1)
-        return (out.replace(rewards=out.rewards * jnp.nan) if len(calls) == 2 else out), layout
+        return (out.replace(rewards=out.rewards * jnp.nan) if len(calls) == 2 else out), *rest
 
     monkeypatch.setattr(Trainer, "_prepare", poisoned)
     cfg = tiny_run_config(tmp_path, pipeline=dict(steps=4), train=dict(nan_policy=policy))
