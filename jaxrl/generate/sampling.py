@@ -150,7 +150,7 @@ def transform_logits(logits_BV, temperature_B, top_k_B, top_p_B, *, candidates: 
         return apply(_threshold(-jnp.sort(-x_BV, axis=-1), x_BV, top_k_B, top_p_B)[0], x_BV)
 
     def filtered(x_BV):
-        top_BK, _ = jax.lax.top_k(x_BV, min(candidates, v))
+        top_BK, _ = top_candidates(x_BV, min(candidates, v))
         threshold_B1, decided_B = _threshold(top_BK, x_BV, top_k_B, top_p_B)
         return jax.lax.cond(jnp.any(filter_B & ~decided_B), full_sort,
                             functools.partial(apply, threshold_B1), x_BV)
@@ -170,14 +170,15 @@ def _first_above(probs_BN, threshold_B):
     return idx_B.astype(jnp.int32), before_B
 
 
-def _inverse_cdf(probs_BV, u_B, block: int = 128):
-    """Inverse-CDF sampling: the entry where the cumulative mass first exceeds `u * total`.
+def _inverse_cdf(weights_BV, u_B, block: int = 128):
+    """Inverse-CDF sampling: the entry where the cumulative weight first exceeds `u * total`
+    (weights need not be normalised).
 
     Two levels (block sums, then within the chosen block) keep the scans short on CPU.
     """
-    b, v = probs_BV.shape
+    b, v = weights_BV.shape
     n = -(-v // block)
-    blocks_BNW = jnp.pad(probs_BV, ((0, 0), (0, n * block - v))).reshape(b, n, block)
+    blocks_BNW = jnp.pad(weights_BV, ((0, 0), (0, n * block - v))).reshape(b, n, block)
     sums_BN = jnp.sum(blocks_BNW, axis=-1)
     threshold_B = u_B * jnp.sum(sums_BN, axis=-1)
     blk_B, before_B = _first_above(sums_BN, threshold_B)
@@ -193,20 +194,101 @@ def _argmax(x_BV):
     return jnp.min(jnp.where(x_BV == max_B1, iota_V[None, :], x_BV.shape[-1]), axis=-1)
 
 
-def sample_tokens(logits_BV, keys_B, temperature_B, top_k_B, top_p_B):
+def top_candidates(x_BV, k: int, block: int = 128):
+    """The `k` largest values of each row in descending order, and their indices.
+
+    Equal to `lax.top_k` in values; faster on CPU for a wide row: the row is cut into blocks of
+    `block` entries, and only the `k` blocks with the largest maxima are searched (every one of
+    the row's `k` largest values lies in one of them: at most `k - 1` blocks have a larger
+    maximum than the `k`-th block's). Among equal values the indices chosen may differ.
+    """
+    b, v = x_BV.shape
+    n = -(-v // block)
+    if n < 2 * k:  # too few blocks for the two-level search to pay
+        return jax.lax.top_k(x_BV, k)
+    pad = n * block - v
+    blocks_BNW = jnp.pad(x_BV, ((0, 0), (0, pad)), constant_values=_NEG_INF).reshape(b, n, block)
+    _, blk_BK = jax.lax.top_k(jnp.max(blocks_BNW, axis=-1), k)
+    pool_BP = jnp.take_along_axis(blocks_BNW, blk_BK[:, :, None], axis=1).reshape(b, k * block)
+    vals_BK, pos_BK = jax.lax.top_k(pool_BP, k)
+    idx_BK = jnp.take_along_axis(blk_BK, pos_BK // block, axis=1) * block + pos_BK % block
+    # XLA:CPU keeps a `top_k` as its fast TopK call only while every user slices the first `k`
+    # entries; a caller's `vals[:, :1]` merged into that slice turns it into a full sort of the
+    # pool (~60 ms at [32, 8192] instead of ~1). The barrier keeps callers' slices apart.
+    return jax.lax.optimization_barrier((vals_BK, idx_BK))
+
+
+def _full_row(logits_BV, u_B, temperature_B, top_k_B, top_p_B):
+    """Sample from the whole transformed row (any settings)."""
+    x_BV = transform_logits(logits_BV, temperature_B, top_k_B, top_p_B)
+    max_B1 = jnp.max(x_BV, axis=-1, keepdims=True)
+    weights_BV = jnp.exp(x_BV - max_B1)  # filtered entries: exp(-inf) = 0
+    lse_B = max_B1[:, 0] + jnp.log(jnp.sum(weights_BV, axis=-1))
+    sampled_B = _inverse_cdf(weights_BV, u_B)
+    tokens_B = jnp.where(temperature_B <= 0, _argmax(logits_BV), sampled_B)
+    return tokens_B, jnp.take_along_axis(x_BV, tokens_B[:, None], axis=-1)[:, 0] - lse_B
+
+
+def _from_candidates(logits_BV, u_B, temperature_B, top_BK, idx_BK, threshold_B1):
+    """Sample from the candidates alone: every kept entry is one of them (see `sample_tokens`).
+
+    The draw is the one `_full_row` makes: the kept entry where the mass, in vocabulary order,
+    first exceeds `u * total`. The mass ahead of each candidate comes from a `[K, K]` comparison
+    of indices rather than a sort (XLA:CPU then turns the pool's `top_k` into a slow full sort).
+    """
+    greedy_B = temperature_B <= 0
+    weights_BK = jnp.where(top_BK >= threshold_B1, jnp.exp(top_BK - top_BK[:, :1]), 0.0)
+    total_B = jnp.sum(weights_BK, axis=-1)
+    ahead_BKK = idx_BK[:, None, :] < idx_BK[:, :, None]  # [b, j, i]: i before j in the vocabulary
+    before_BK = jnp.sum(jnp.where(ahead_BKK, weights_BK[:, None, :], 0.0), axis=-1)
+    # the last kept entry (in vocabulary order) whose mass ahead is within the threshold
+    hit_BK = (weights_BK > 0) & (before_BK <= (u_B * total_B)[:, None])
+    v = logits_BV.shape[-1]
+    sampled_B = jnp.max(jnp.where(hit_BK, idx_BK, -1), axis=-1)
+    pick_BK = idx_BK == sampled_B[:, None]
+    logp_B = (jnp.sum(jnp.where(pick_BK, top_BK, 0.0), axis=-1)
+              - top_BK[:, 0] - jnp.log(total_B))
+    # greedy rows: the first index of the maximum, with the untransformed model log-probability
+    argmax_B = jnp.min(jnp.where(top_BK == top_BK[:, :1], idx_BK, v), axis=-1)
+    lse_B = jax.lax.cond(jnp.any(greedy_B), lambda x: jax.nn.logsumexp(x, axis=-1),
+                         lambda x: jnp.zeros(x.shape[:1], x.dtype), logits_BV.astype(jnp.float32))
+    greedy_logp_B = top_BK[:, 0] - lse_B
+    return jnp.where(greedy_B, argmax_B, sampled_B), jnp.where(greedy_B, greedy_logp_B, logp_B)
+
+
+def sample_tokens(logits_BV, keys_B, temperature_B, top_k_B, top_p_B, *, candidates: int = 64):
     """Sample one token per row; returns `(tokens_B int32, logprobs_B f32)`.
 
-    `keys_B` is a batch of typed PRNG keys (one per row). Sampling is by inverse CDF with one
-    uniform number per row, so a row's token depends only on its own logits and key.
+    `keys_B` is a batch of typed PRNG keys (one per row). Sampling is by inverse CDF (in
+    vocabulary order) with one uniform number per row, so a row's token depends only on its own
+    logits and key. When every row is greedy or top-k filtered (top_k < `candidates`) and no
+    entry outside the row's `candidates` largest can be kept, only those candidates are
+    touched after they are found (a fast path: the same tokens, without passes over the whole
+    row); otherwise the whole transformed row is sampled.
     """
-    x_BV = transform_logits(logits_BV, temperature_B, top_k_B, top_p_B)
-    logp_BV = jax.nn.log_softmax(x_BV, axis=-1)
+    v = logits_BV.shape[-1]
+    kk = min(candidates, v)
     u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_B)
-    sampled_B = _inverse_cdf(jnp.exp(logp_BV), u_B)
-    greedy_B = temperature_B <= 0
-    tokens_B = jnp.where(greedy_B, _argmax(logits_BV), sampled_B)
-    logprobs_B = jnp.take_along_axis(logp_BV, tokens_B[:, None], axis=-1)[:, 0]
-    return tokens_B, logprobs_B
+    sampling_B = temperature_B > 0
+    full_row = functools.partial(_full_row, logits_BV, u_B, temperature_B, top_k_B, top_p_B)
+
+    def candidates_or_full_row():
+        x_BV = logits_BV.astype(jnp.float32) / jnp.where(sampling_B, temperature_B, 1.0)[:, None]
+        top_BK, idx_BK = top_candidates(x_BV, kk)
+        threshold_B1, _ = _threshold(top_BK, top_BK, jnp.where(sampling_B, top_k_B, kk),
+                                     top_p_B)
+        # nothing outside the candidates is kept: the kept set ends above their smallest value
+        # (for a greedy row: the maximum does), or the candidates are the whole row
+        last_B = jnp.min(top_BK, axis=-1)
+        inside_B = jnp.where(sampling_B, threshold_B1[:, 0], jnp.max(top_BK, axis=-1)) > last_B
+        return jax.lax.cond(
+            (kk == v) | jnp.all(inside_B),
+            lambda: _from_candidates(logits_BV, u_B, temperature_B, top_BK, idx_BK,
+                                     threshold_B1),
+            full_row)
+
+    eligible = jnp.any(sampling_B) & jnp.all(~sampling_B | ((top_k_B > 0) & (top_k_B <= kk)))
+    return jax.lax.cond(eligible, candidates_or_full_row, full_row)
 
 
 def ban_stop_ids(logits_BV, stop_ids_BS, ban_B):

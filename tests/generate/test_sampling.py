@@ -5,11 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrl.generate import sampling
 from jaxrl.generate.sampling import (
     SamplingParams,
     sample_key,
     sample_tokens,
     seed_key_data,
+    top_candidates,
     transform_logits,
 )
 
@@ -46,6 +48,98 @@ def test_transform_matches_transformers_processors(candidates):
         np.testing.assert_array_equal(np.isfinite(out[i]), np.isfinite(want), err_msg=str(row))
         finite = np.isfinite(want)
         np.testing.assert_allclose(out[i][finite], want[finite], rtol=1e-6, err_msg=str(row))
+
+
+def test_transform_of_a_wide_row_matches_transformers_processors():
+    # 20,000 entries: the candidates come from the two-level block search
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(len(ROWS), 20000)).astype(np.float32) * 3
+    t, k, p = (np.array(c) for c in zip(*ROWS, strict=True))
+    out = np.asarray(transform_logits(jnp.asarray(logits), jnp.asarray(t, jnp.float32),
+                                      jnp.asarray(k, jnp.int32), jnp.asarray(p, jnp.float32)))
+    for i, row in enumerate(ROWS):
+        want = _hf_transform(logits[i], *row)
+        np.testing.assert_array_equal(np.isfinite(out[i]), np.isfinite(want), err_msg=str(row))
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(out[i][finite], want[finite], rtol=1e-6, err_msg=str(row))
+
+
+@pytest.mark.parametrize("width", [97, 32000, 30001])  # plain top_k; blocks; padded blocks
+def test_top_candidates_equal_lax_top_k(width):
+    x = jax.random.normal(jax.random.key(width), (5, width)) * 3
+    vals, idx = top_candidates(x, 64)
+    want_vals, want_idx = jax.lax.top_k(x, 64)
+    vals, idx, want_idx = np.asarray(vals), np.asarray(idx), np.asarray(want_idx)
+    np.testing.assert_array_equal(vals, np.asarray(want_vals))
+    np.testing.assert_array_equal(np.take_along_axis(np.asarray(x), idx, 1), vals)
+    # the same indices, except where equal values may come in either order
+    unique = np.array([[np.sum(row == v) == 1 for v in row] for row in vals])
+    np.testing.assert_array_equal(idx[unique], want_idx[unique])
+
+
+def test_top_candidates_with_ties_find_the_largest_values():
+    # integer logits: thousands of ties, including across the 64th value
+    x = jnp.round(jax.random.normal(jax.random.key(3), (4, 20000)) * 2)
+    vals, idx = top_candidates(x, 64)
+    np.testing.assert_array_equal(np.asarray(vals), np.asarray(jax.lax.top_k(x, 64)[0]))
+    np.testing.assert_array_equal(np.take_along_axis(np.asarray(x), np.asarray(idx), 1),
+                                  np.asarray(vals))
+    assert all(len(set(row)) == 64 for row in np.asarray(idx).tolist())
+
+
+def _reference_draw(logits, u, temperature, top_k, top_p):
+    """Token and log-probability by the definition, in float64: the transformers-processed
+    distribution, inverse CDF in vocabulary order; greedy: argmax, model log-probability."""
+    if temperature == 0:
+        tok = int(np.argmax(logits))
+        x = logits.astype(np.float64)
+        return tok, x[tok] - np.log(np.sum(np.exp(x - x.max()))) - x.max()
+    x = _hf_transform(logits, float(temperature), int(top_k), float(top_p)).astype(np.float64)
+    probs = np.exp(x - x.max())
+    probs /= probs.sum()
+    tok = int(np.searchsorted(np.cumsum(probs), u, side="right"))
+    return tok, np.log(probs[tok])
+
+
+def _mixed_rows(n, width, *, top_k_zero=False):
+    rng = np.random.default_rng(5)
+    logits = (rng.normal(size=(n, width)) * 3).astype(np.float32)
+    logits[::7, : width // 5] = -np.inf  # banned entries (as `min_tokens` makes them)
+    t = rng.choice([0.0, 0.5, 1.0, 1.7], n).astype(np.float32)
+    k = rng.choice([1, 2, 20, 50], n).astype(np.int32)
+    if top_k_zero:
+        k[3] = 0
+    p = rng.choice([1.0, 0.9, 0.5], n).astype(np.float32)
+    return logits, t, k, p
+
+
+@pytest.mark.parametrize("width", [50, 20000])  # candidates = the whole row; two levels
+def test_candidate_sampling_draws_the_defined_token(width, monkeypatch):
+    logits, t, k, p = _mixed_rows(96, width)
+    keys = jax.vmap(lambda i: sample_key(seed_key_data(3), 0, i))(jnp.arange(len(t)))
+    u = np.asarray(jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys))
+    # the whole-row sampler must not run for these rows: make it return an impossible token
+    monkeypatch.setattr(sampling, "_full_row", lambda *a: (jnp.full(len(t), -1, jnp.int32),
+                                                           jnp.zeros(len(t))))
+    toks, lps = sample_tokens(jnp.asarray(logits), keys, jnp.asarray(t), jnp.asarray(k),
+                              jnp.asarray(p))
+    for i in range(len(t)):
+        want_tok, want_lp = _reference_draw(logits[i], u[i], t[i], k[i], p[i])
+        assert int(toks[i]) == want_tok, (i, t[i], k[i], p[i])
+        np.testing.assert_allclose(float(lps[i]), want_lp, rtol=1e-5, atol=1e-5)
+
+
+def test_a_row_without_top_k_samples_the_whole_row():
+    logits, t, k, p = _mixed_rows(24, 20000, top_k_zero=True)
+    t[3] = 1.0  # top_k 0 at temperature 1: the whole row may be drawn
+    keys = jax.vmap(lambda i: sample_key(seed_key_data(4), 0, i))(jnp.arange(len(t)))
+    u = np.asarray(jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys))
+    toks, lps = sample_tokens(jnp.asarray(logits), keys, jnp.asarray(t), jnp.asarray(k),
+                              jnp.asarray(p))
+    for i in range(len(t)):
+        want_tok, want_lp = _reference_draw(logits[i], u[i], t[i], k[i], p[i])
+        assert int(toks[i]) == want_tok, (i, t[i], k[i], p[i])
+        np.testing.assert_allclose(float(lps[i]), want_lp, rtol=1e-5, atol=1e-5)
 
 
 def test_sampled_frequencies_and_logprobs_follow_the_distribution():
