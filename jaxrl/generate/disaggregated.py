@@ -69,6 +69,8 @@ class DisaggregatedEngine(JaxEngine):
         decode side; the prefill side shares its buckets, stop ids and version.
     """
 
+    batched_prefill = False  # prefixes move one at a time (timed per request)
+
     def __init__(self, model, *, prefill_mesh: Mesh, mesh: Mesh, **kwargs):
         if prefill_mesh is None or mesh is None:
             raise ValueError("DisaggregatedEngine: needs both prefill_mesh and mesh (decode)")

@@ -29,9 +29,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-import typing
 from collections.abc import Sequence
-from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -39,122 +37,24 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl.config import KVLayout
 from jaxrl.generate.sampling import ban_stop_ids, sample_key, sample_tokens
+from jaxrl.generate.state import (  # noqa: F401 (re-exported: the engine's types live there)
+    FINISH_LENGTH,
+    FINISH_NONE,
+    FINISH_REASONS,
+    FINISH_STOP,
+    KV_LAYOUTS,
+    DecodeState,
+    Engine,
+    Prefix,
+    SlotParams,
+    StepResult,
+    Weights,
+)
 from jaxrl.models.moe import experts_dtype, num_sparse_layers
 from jaxrl.models.paged import PagedKVCache
 from jaxrl.models.transformer import KVCache, Transformer
 from jaxrl.sharding import logical_sharding, state_shardings
-
-FINISH_NONE, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
-FINISH_REASONS = {FINISH_STOP: "stop", FINISH_LENGTH: "length"}
-KV_LAYOUTS = typing.get_args(KVLayout)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Weights:
-    """Model parameters plus the policy version that produced them (an int32 scalar)."""
-
-    state: Any  # nnx.State
-    version: jax.Array
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Prefix:
-    """One prefilled prompt: its KV cache row, the logits after its last token, its length."""
-
-    cache: KVCache  # one row, bucketed length
-    logits_V: jax.Array  # f32, at position true_length - 1
-    true_length: jax.Array  # int32
-    version: jax.Array  # int32: the weights that computed this prefix
-    experts_LPK: jax.Array | None = None  # a mixture of experts: each prompt token's experts
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class SlotParams:
-    """Per-sample settings written into a slot by `insert` (built by `Engine.slot_params`)."""
-
-    key_data: jax.Array  # uint32 [2]: the request seed's key
-    sample_index: jax.Array  # int32
-    temperature: jax.Array  # f32
-    top_k: jax.Array  # int32
-    top_p: jax.Array  # f32
-    max_tokens: jax.Array  # int32
-    stop_ids: jax.Array  # int32 [max_stop_ids], -1 padded
-    min_tokens: jax.Array  # int32: the stop ids are banned before this many tokens
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class DecodeState:
-    """Everything about the slots that lives on device. `B` = num_slots."""
-
-    cache: KVCache | PagedKVCache
-    tokens_B: jax.Array  # int32: last emitted token (next decode input)
-    active_B: jax.Array  # bool: still generating
-    num_generated_B: jax.Array  # int32
-    max_tokens_B: jax.Array  # int32
-    finish_reason_B: jax.Array  # int32: FINISH_*
-    key_data_B2: jax.Array  # uint32: fold_in(key(seed), sample_index) data
-    temperature_B: jax.Array  # f32
-    top_k_B: jax.Array  # int32
-    top_p_B: jax.Array  # f32
-    stop_ids_BS: jax.Array  # int32, -1 padded
-    min_tokens_B: jax.Array  # int32
-    pending_B: jax.Array  # bool: first token inserted but not yet reported
-    pending_logprob_B: jax.Array  # f32
-    pending_version_B: jax.Array  # int32
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class StepResult:
-    """What one chunk emitted. Row 0 reports first tokens drawn by `insert`; row i > 0 is step i.
-
-    `valid_CB[i, b]` says whether slot b emitted `tokens_CB[i, b]` in row i.
-    """
-
-    tokens_CB: jax.Array
-    logprobs_CB: jax.Array
-    versions_CB: jax.Array
-    valid_CB: jax.Array
-    active_B: jax.Array
-    finish_reason_B: jax.Array
-    num_steps: jax.Array  # decode steps actually run (<= chunk_steps)
-    # a mixture of experts: row i > 0 holds, per slot, the experts [Ls, K] its sparse layers
-    # chose for the token fed at step i (the one the slot emitted in the row before); row 0 none
-    experts_CBLK: jax.Array | None = None
-
-
-class Engine(Protocol):
-    """jaxrl's generation engine interface (the shape of JetStream's `Engine`)."""
-
-    num_slots: int
-    max_len: int
-
-    def init_decode_state(self) -> DecodeState: ...
-
-    def prefill(self, params: Weights, tokens: Sequence[int], true_length: int) -> Prefix: ...
-
-    def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int,
-               slot_params: SlotParams) -> DecodeState: ...
-
-    def release(self, decode_state: DecodeState, slot: int) -> DecodeState:
-        """End `slot`'s sample now (finish reason stop): the host found a stop string in its
-        text (`jaxrl.generate.stops`). The slot is free for the next `insert`."""
-        ...
-
-    def generate(self, params: Weights, decode_state: DecodeState
-                 ) -> tuple[DecodeState, StepResult]: ...
-
-    def generate_chunk(self, params: Weights, decode_state: DecodeState,
-                       min_finished: int | None = None) -> tuple[DecodeState, StepResult]: ...
-
-    def set_params(self, params: Any, version: int) -> None: ...
-
 
 MIN_BUCKET = 16  # the smallest prefill bucket
 
@@ -226,6 +126,7 @@ class JaxEngine:
         self._state_shardings = self._decode_state_shardings()
         self._init_state_fn = None
         self._prefill_fn = jax.jit(self._prefill_impl)
+        self._prefill_rows_fn = jax.jit(self._prefill_rows_impl)
         insert_kw, chunk_kw = {}, {}
         if mesh is not None:  # keep the decode state's layout fixed across calls
             insert_kw = dict(out_shardings=self._state_shardings)
@@ -400,6 +301,46 @@ class JaxEngine:
         with self.mesh_context(params):
             return self._prefill_fn(params, padded, np.int32(true_length))
 
+    batched_prefill = True  # `prefill_many` computes prompts together (the `Scheduler` asks)
+
+    def prefill_many(self, params: Weights, prompts: Sequence[Sequence[int]], *,
+                     max_rows: int = 16) -> list[Prefix]:
+        """`prefill` of each prompt, computed together: the prompts of one bucket go through the
+        model as the rows of one forward (up to `max_rows` at a time; the count padded to a
+        power of two so that few shapes compile), whose matmuls use the machine far better
+        than one row at a time. Rows are split over the mesh's `dp` devices when they divide
+        evenly. Each prefix is the one `prefill` gives (up to the matmuls' rounding)."""
+        if not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"prefill_many: max_rows must be an integer >= 1, got {max_rows!r}")
+        by_bucket: dict[int, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prefill_many: prompt {i} is empty")
+            by_bucket.setdefault(self.bucket_for(len(prompt)), []).append(i)
+        out: list[Prefix | None] = [None] * len(prompts)
+        for bucket, members in by_bucket.items():
+            for start in range(0, len(members), max_rows):
+                part = members[start:start + max_rows]
+                if len(part) == 1:
+                    out[part[0]] = self.prefill(params, prompts[part[0]])
+                    continue
+                rows = 1 << (len(part) - 1).bit_length()
+                tokens = np.zeros((rows, bucket), np.int32)
+                lengths = np.ones((rows,), np.int32)  # padding rows: one token, results dropped
+                for r, i in enumerate(part):
+                    tokens[r, :len(prompts[i])] = np.asarray(prompts[i], np.int32)
+                    lengths[r] = len(prompts[i])
+                if self.mesh is not None:
+                    rows_on = lambda x: jax.device_put(x, logical_sharding(
+                        self.mesh, "generator", ("cache_batch",) + (None,) * (x.ndim - 1),
+                        x.shape))
+                    tokens, lengths = rows_on(tokens), rows_on(lengths)
+                with self.mesh_context(params):
+                    prefixes = self._prefill_rows_fn(params, tokens, lengths)
+                for r, i in enumerate(part):
+                    out[i] = prefixes[r]
+        return out
+
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int,
                slot_params: SlotParams) -> DecodeState:
         """Put one sample of a prefilled prompt into `slot`, drawing its first token."""
@@ -447,18 +388,28 @@ class JaxEngine:
     # ------------------------------------------------------------------ jitted bodies
 
     def _prefill_impl(self, params: Weights, tokens_1P, true_length):
+        return self._prefill_rows_impl(params, tokens_1P, true_length[None])[0]
+
+    def _prefill_rows_impl(self, params: Weights, tokens_NP, lengths_N) -> tuple[Prefix, ...]:
+        """One prefix per row of `tokens_NP` (row r: its first `lengths_N[r]` tokens)."""
         model = nnx.merge(self.graphdef, params.state)
+        n, p = tokens_NP.shape
         # the prefix's layout is the decode cache's (pages are filled from [B, S, K, D] rows)
-        cache = KVCache.init(self.cfg, 1, tokens_1P.shape[1],
+        cache = KVCache.init(self.cfg, n, p,
                              heads_major=False if self.kv_layout == "paged" else None)
-        hidden_1PE, cache, experts_L1PK = model.decode_hidden_routed(tokens_1P, cache,
-                                                                    true_length[None])
-        last_11E = jax.lax.dynamic_slice_in_dim(hidden_1PE, true_length - 1, 1, axis=1)
-        logits_V = model.logits(last_11E)[0, 0]
-        experts_LPK = None if experts_L1PK is None else experts_L1PK[:, 0].astype(
-            experts_dtype(self.cfg.num_experts))
-        return Prefix(cache=cache, logits_V=logits_V, true_length=true_length,
-                      version=params.version, experts_LPK=experts_LPK)
+        hidden_NPE, cache, experts_LNPK = model.decode_hidden_routed(tokens_NP, cache, lengths_N)
+        last_N1E = jnp.take_along_axis(hidden_NPE, (lengths_N - 1)[:, None, None], axis=1)
+        logits_NV = model.logits(last_N1E)[:, 0]
+        if experts_LNPK is not None:
+            experts_LNPK = experts_LNPK.astype(experts_dtype(self.cfg.num_experts))
+        row = lambda x, r: jax.lax.slice_in_dim(x, r, r + 1, axis=0)
+        return tuple(
+            Prefix(cache=KVCache(k=[row(k, r) for k in cache.k], v=[row(v, r) for v in cache.v],
+                                 lengths_B=row(cache.lengths_B, r),
+                                 heads_major=cache.heads_major),
+                   logits_V=logits_NV[r], true_length=lengths_N[r], version=params.version,
+                   experts_LPK=None if experts_LNPK is None else experts_LNPK[:, r])
+            for r in range(n))
 
     def _insert_impl(self, prefix: Prefix, state: DecodeState, slot, sp: SlotParams):
         key = sample_key(sp.key_data, sp.sample_index, 0)

@@ -71,6 +71,8 @@ class MultiLoraEngine(JaxEngine):
     ...])` installs others (pure dicts, as `lora.split` gives them) without recompiling. Other
     arguments: those of `JaxEngine`."""
 
+    batched_prefill = False  # each prompt's prefill has its own adapter
+
     def __init__(self, model: Transformer, *, max_adapters: int, **kw):
         if not model.cfg.lora.enabled:
             raise ValueError("MultiLoraEngine: the model has no LoRA adapters (lora.rank 0); "
