@@ -113,33 +113,31 @@ def _mixed_rows(n, width, *, top_k_zero=False):
     return logits, t, k, p
 
 
-@pytest.mark.parametrize("width", [50, 20000])  # candidates = the whole row; two levels
-def test_candidate_sampling_draws_the_defined_token(width, monkeypatch):
-    logits, t, k, p = _mixed_rows(96, width)
-    keys = jax.vmap(lambda i: sample_key(seed_key_data(3), 0, i))(jnp.arange(len(t)))
+def _assert_draws_are_defined(logits, t, k, p, seed):
+    """`sample_tokens` on these rows draws, row by row, `_reference_draw`'s token."""
+    keys = jax.vmap(lambda i: sample_key(seed_key_data(seed), 0, i))(jnp.arange(len(t)))
     u = np.asarray(jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys))
-    # the whole-row sampler must not run for these rows: make it return an impossible token
-    monkeypatch.setattr(sampling, "_full_row", lambda *a: (jnp.full(len(t), -1, jnp.int32),
-                                                           jnp.zeros(len(t))))
     toks, lps = sample_tokens(jnp.asarray(logits), keys, jnp.asarray(t), jnp.asarray(k),
                               jnp.asarray(p))
     for i in range(len(t)):
         want_tok, want_lp = _reference_draw(logits[i], u[i], t[i], k[i], p[i])
         assert int(toks[i]) == want_tok, (i, t[i], k[i], p[i])
         np.testing.assert_allclose(float(lps[i]), want_lp, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("width", [50, 20000])  # candidates = the whole row; two levels
+def test_candidate_sampling_draws_the_defined_token(width, monkeypatch):
+    logits, t, k, p = _mixed_rows(96, width)
+    # the whole-row sampler must not run for these rows: make it return an impossible token
+    monkeypatch.setattr(sampling, "_full_row", lambda *a: (jnp.full(len(t), -1, jnp.int32),
+                                                           jnp.zeros(len(t))))
+    _assert_draws_are_defined(logits, t, k, p, seed=3)
 
 
 def test_a_row_without_top_k_samples_the_whole_row():
     logits, t, k, p = _mixed_rows(24, 20000, top_k_zero=True)
     t[3] = 1.0  # top_k 0 at temperature 1: the whole row may be drawn
-    keys = jax.vmap(lambda i: sample_key(seed_key_data(4), 0, i))(jnp.arange(len(t)))
-    u = np.asarray(jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys))
-    toks, lps = sample_tokens(jnp.asarray(logits), keys, jnp.asarray(t), jnp.asarray(k),
-                              jnp.asarray(p))
-    for i in range(len(t)):
-        want_tok, want_lp = _reference_draw(logits[i], u[i], t[i], k[i], p[i])
-        assert int(toks[i]) == want_tok, (i, t[i], k[i], p[i])
-        np.testing.assert_allclose(float(lps[i]), want_lp, rtol=1e-5, atol=1e-5)
+    _assert_draws_are_defined(logits, t, k, p, seed=4)
 
 
 def test_sampled_frequencies_and_logprobs_follow_the_distribution():
