@@ -17,7 +17,9 @@ from jaxrl.planner.measured import from_measured
 
 pipeline = pytest.importorskip("jaxrl.controller.pipeline")
 
-G, X, S, B = 0.08, 0.04, 0.015, 8
+# Long enough that a few milliseconds of scheduler jitter on a loaded CI machine (sleep overshoot,
+# the GIL) stay well inside the tolerances: at G = 80 ms one CI run read 0.20 idle for 0.31.
+G, X, S, B = 0.24, 0.12, 0.045, 8
 
 
 def run_controller(mode, steps=8):
@@ -66,5 +68,5 @@ def test_controller_metrics_feed_back_into_the_planner():
                         generator_chips=4)
     assert rec.baseline.rates.trainer_idle == pytest.approx(
         metrics["pipeline/trainer_idle_frac"], abs=0.1)
-    # The trainer (B / 55 ms) outpaces the generator (B / 80 ms): move chips to the generator.
+    # The trainer (B / 165 ms) outpaces the generator (B / 240 ms): move chips to the generator.
     assert rec.best.generator_chips > 4 and rec.gain > 0
