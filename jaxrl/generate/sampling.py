@@ -234,7 +234,7 @@ def _from_candidates(logits_BV, u_B, temperature_B, top_BK, idx_BK, threshold_B1
 
     The draw is the one `_full_row` makes: the kept entry where the mass, in vocabulary order,
     first exceeds `u * total`. The mass ahead of each candidate comes from a `[K, K]` comparison
-    of indices rather than a sort (XLA:CPU then turns the pool's `top_k` into a slow full sort).
+    of indices (K is small), so the candidates need no sorting into vocabulary order.
     """
     greedy_B = temperature_B <= 0
     weights_BK = jnp.where(top_BK >= threshold_B1, jnp.exp(top_BK - top_BK[:, :1]), 0.0)
