@@ -5,6 +5,7 @@
     round_up(n, multiple)            the smallest multiple of `multiple` >= n: slots over the
                                      data-parallel replicas, batch rows over the trainer mesh
     kv_cache_len(positions, page)    a run's automatic KV cache length (`generate.max_len=0`)
+    power_of_two_parts(n, limit)     calls of power-of-two rows covering n rows: batched prefill
 
 Plain Python; imports nothing.
 """
@@ -49,3 +50,29 @@ def kv_cache_len(positions: int, page_size: int = 1) -> int:
     if page_size < 1:
         raise ValueError(f"kv_cache_len: page_size must be >= 1, got {page_size!r}")
     return round_up(max(positions, 1), math.lcm(KV_CACHE_MULTIPLE, page_size))
+
+
+def power_of_two_parts(n: int, limit: int, max_pad: float = 0.125) -> list[int]:
+    """Row counts (powers of two <= `limit`, largest first) of the calls that cover `n` rows.
+
+    The rest is padded up to the next power of two only while the padding is one row or at most
+    `max_pad` of that call (a call has a cost of its own, so one padding row beats a call more);
+    otherwise the largest power of two that fits is split off and the remainder covered the same
+    way, so little compute goes to padding rows and only powers of two compile. Examples
+    (limit 16): 3 -> [4], 7 -> [8], 9 -> [8, 1], 12 -> [8, 4], 13 -> [8, 4, 1], 14 -> [16].
+    """
+    if not isinstance(n, int) or n < 0 or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"power_of_two_parts: n must be an integer >= 0 and limit >= 1, "
+                         f"got n={n!r}, limit={limit!r}")
+    cap = 1 << (limit.bit_length() - 1)  # the largest power of two <= limit
+    parts: list[int] = []
+    while n > 0:
+        whole = next_power_of_two(n)
+        if whole <= cap and whole - n <= max(1.0, max_pad * whole):
+            parts.append(whole)
+            break
+        part = min(cap, whole // 2)
+        parts.append(part)
+        n -= part
+    return parts
+

@@ -54,6 +54,7 @@ from jaxrl.generate.state import (  # noqa: F401 (re-exported: the engine's type
 from jaxrl.models.moe import experts_dtype, num_sparse_layers
 from jaxrl.models.paged import PagedKVCache
 from jaxrl.models.transformer import KVCache, Transformer
+from jaxrl.rounding import power_of_two_parts
 from jaxrl.sharding import logical_sharding, state_shardings
 
 MIN_BUCKET = 16  # the smallest prefill bucket
@@ -306,10 +307,12 @@ class JaxEngine:
     def prefill_many(self, params: Weights, prompts: Sequence[Sequence[int]], *,
                      max_rows: int = 16) -> list[Prefix]:
         """`prefill` of each prompt, computed together: the prompts of one bucket go through the
-        model as the rows of one forward (up to `max_rows` at a time; the count padded to a
-        power of two so that few shapes compile), whose matmuls use the machine far better
-        than one row at a time. Rows are split over the mesh's `dp` devices when they divide
-        evenly. Each prefix is the one `prefill` gives (up to the matmuls' rounding)."""
+        model as the rows of one forward, whose matmuls use the machine far better than one row
+        at a time. Only power-of-two row counts up to `max_rows` compile: a bucket's prompts
+        are split into such calls, padded only where that wastes little
+        (`jaxrl.rounding.power_of_two_parts`: 9 prompts run as 8 + 1 rows, 7 as 8). Rows are
+        split over the mesh's `dp` devices when they divide evenly. Each prefix is the one
+        `prefill` gives (up to the matmuls' rounding)."""
         if not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"prefill_many: max_rows must be an integer >= 1, got {max_rows!r}")
         by_bucket: dict[int, list[int]] = {}
@@ -319,12 +322,12 @@ class JaxEngine:
             by_bucket.setdefault(self.bucket_for(len(prompt)), []).append(i)
         out: list[Prefix | None] = [None] * len(prompts)
         for bucket, members in by_bucket.items():
-            for start in range(0, len(members), max_rows):
-                part = members[start:start + max_rows]
-                if len(part) == 1:
+            start = 0
+            for rows in power_of_two_parts(len(members), max_rows):
+                part, start = members[start:start + rows], start + rows
+                if rows == 1:
                     out[part[0]] = self.prefill(params, prompts[part[0]])
                     continue
-                rows = 1 << (len(part) - 1).bit_length()
                 tokens = np.zeros((rows, bucket), np.int32)
                 lengths = np.ones((rows,), np.int32)  # padding rows: one token, results dropped
                 for r, i in enumerate(part):

@@ -7,10 +7,11 @@ import pytest
 
 from jaxrl.generate import JaxEngine, SamplingParams, Scheduler
 from jaxrl.models import create_model
+from jaxrl.rounding import power_of_two_parts
 from jaxrl.sharding import make_mesh
 from jaxrl.testing import tiny_model_config
 
-# two buckets (16 and 32), five prompts in the first: rows padded 5 -> 8
+# two buckets (16 and 32), five prompts in the first: calls of 4 + 1 rows (max_rows 8)
 PROMPTS = [[1, 2, 3], [9] * 12, [4, 5], list(range(30, 50)), [7, 8, 9, 10, 11], [3] * 16,
            list(range(60, 85))]
 KW = dict(num_slots=8, max_len=48, chunk_steps=4, max_stop_ids=4)
@@ -48,6 +49,32 @@ def test_prefill_many_equals_one_prompt_at_a_time(model, case):
     got = engine.prefill_many(engine.params, PROMPTS, max_rows=8)
     for prompt, prefix in zip(PROMPTS, got, strict=True):
         _assert_same_prefix(prefix, engine.prefill(engine.params, prompt), len(prompt))
+
+
+def test_prefill_many_pads_a_call_only_where_that_wastes_little(model):
+    """Seven prompts of one bucket run as one call of 8 rows (a padding row), nine as 8 + 1."""
+    engine = JaxEngine(model, **KW)
+    rows = []
+    real = engine._prefill_rows_fn
+    engine._prefill_rows_fn = lambda p, tokens, lengths: (rows.append(len(lengths)),
+                                                          real(p, tokens, lengths))[1]
+    prompts = [[i + 1] * (2 + i) for i in range(9)]  # lengths 2..10: all in the 16 bucket
+    for n, calls in ((7, [8]), (9, [8])):  # the ninth prompt goes through `prefill`
+        rows.clear()
+        got = engine.prefill_many(engine.params, prompts[:n], max_rows=16)
+        assert rows == calls
+        for prompt, prefix in zip(prompts[:n], got, strict=True):
+            _assert_same_prefix(prefix, engine.prefill(engine.params, prompt), len(prompt))
+
+
+def test_power_of_two_parts():
+    assert [power_of_two_parts(n, 16) for n in (0, 1, 3, 5, 6, 7, 9, 12, 13, 14, 16, 17)] == [
+        [], [1], [4], [4, 1], [4, 2], [8], [8, 1], [8, 4], [8, 4, 1], [16], [16], [16, 1]]
+    assert power_of_two_parts(20, 12) == [8, 8, 4]  # never above the largest power <= limit
+    assert power_of_two_parts(15, 8) == [8, 8]  # the second call: 7 rows and one padding row
+    for bad in ((-1, 16), (3, 0), (2.5, 16)):
+        with pytest.raises(ValueError, match="power_of_two_parts"):
+            power_of_two_parts(*bad)
 
 
 def test_prefill_many_splits_rows_over_dp_and_caps_the_rows(model):
