@@ -20,6 +20,8 @@ does not stop the next step:
   run            launch/run.py, the default experiment shortened, meshes colocated on one device:
                  pass@1 before -> after RL
   suite          bench.py suite --size small (when the suite exists)
+  generate_fp8   bench.py generate as generate_xla, the bf16 generator against its fp8 copy
+  generate_int8  ... and against its weight-only int8 copy (issue 22; usually reached by --only)
 
 DIR/summary.json (step, rc, seconds, key figures) is rewritten atomically after every step, so a
 run cut short still leaves its results; rc 124 is a step's timeout, null a step not started
@@ -134,6 +136,13 @@ def _generate_figures(log: str, out: Path) -> dict:
                                    "decode_ratio", "bandwidth_frac"])
 
 
+def _quantized_figures(fmt: str) -> Callable[[str, Path], dict]:
+    """`bench.py generate --quantize fmt`: both generators' tokens/s and the paired ratios."""
+    return lambda log, out: _pick(_last_json(log), [
+        "jaxrl_tokens_per_s", "jaxrl_decode_tokens_per_s", f"{fmt}_tokens_per_s",
+        f"{fmt}_decode_tokens_per_s", f"{fmt}_ratio", f"{fmt}_decode_ratio"])
+
+
 def _train_figures(log: str, out: Path) -> dict:
     return _pick(_last_json(log), ["model_params", "jax_tokens_per_s", "jax_step_s", "jax_mfu",
                                    "peak_flops_cached"])
@@ -205,6 +214,12 @@ def steps(out: Path, run_dir: Path) -> list[Step]:
              (90, 200), figures=_run_figures),
         Step("suite", [*suite, "--size", "small"], [*suite, "--size", "smoke", "--only", "train"],
              (120, 200), figures=_suite_figures),
+        # issue 22's 8-bit generators against the bf16 one, interleaved in one process: the
+        # weight-only int8 and the e4m3 x e4m3 fp8 contractions (run with --only when the
+        # budget above is spent)
+        *(Step(f"generate_{fmt}", [*gen_full, "--attention-impl", "xla", "--quantize", fmt],
+               [*gen_smoke, "--attention-impl", "xla", "--quantize", fmt], (90, 150),
+               figures=_quantized_figures(fmt)) for fmt in ("fp8", "int8")),
     ]
 
 

@@ -60,10 +60,11 @@ def test_wheels_and_missing_packages(tmp_path):
 
 
 # Steps whose smoke form other tests already run: the kernel tests (tests/kernels, interpreted),
-# generate_cudnn (its smoke is generate_xla's command without the peer) and the suite
+# generate_cudnn (its smoke is generate_xla's command without the peer), generate_int8 (generate_
+# fp8's command with another format) and the suite
 # (tests/test_bench_suite.py runs `bench.py suite --size smoke`); their command lines are checked
 # by test_full_commands_parse. With them this was the second-longest test (210 s, parallel run).
-COVERED_ELSEWHERE = {"kernel_tests", "generate_cudnn", "suite"}
+COVERED_ELSEWHERE = {"kernel_tests", "generate_cudnn", "generate_int8", "suite"}
 
 
 @pytest.mark.slow
@@ -83,5 +84,7 @@ def test_smoke_runs_the_steps_no_other_test_runs(tmp_path):
     assert res.returncode == 0 and summary["done"]
     assert rows["run"]["figures"].keys() == {"pass@1_before", "pass@1_after"}
     assert rows["generate_xla"]["figures"]["hf_tokens_per_s"] > 0
+    assert rows["generate_fp8"]["figures"]["fp8_tokens_per_s"] > 0
+    assert rows["generate_fp8"]["figures"]["fp8_ratio"] > 0
     assert rows["train"]["figures"]["jax_mfu"] > 0
     assert (tmp_path / "bundle" / "device_check.tar.gz").stat().st_size > 0

@@ -7,10 +7,10 @@ same sampling settings and exactly `--new` new tokens per sample (no EOS). Repor
 tokens/s (prefill included), decode-only tokens/s, and the fraction of the machine's roofline that
 the decode steps reach: bytes (weights + valid KV) per step against a measured memory bandwidth,
 and FLOPs per step against a measured f32 matmul peak. `--quantize int8` also times the weight-only
-int8 generator (`generate.quantize`), interleaved with the unquantized one in the same process
-(alternating which goes first), and reports the median of the paired tokens/s ratios. `--fuse`
-does the same for fused q/k/v and gate/up projections against the unfused generator (both int8
-with `--quantize int8`).
+int8 generator (`generate.quantize`; likewise `w8a8` and `fp8`), interleaved with the unquantized
+one in the same process (alternating which goes first), and reports the median of the paired
+tokens/s ratios. `--fuse` does the same for fused q/k/v and gate/up projections against the
+unfused generator (both int8 with `--quantize int8`).
 
 `--vs hf` alone runs `transformers` in this process after jaxrl, not interleaved (load hits the
 two sides differently); `--vs hf,ct2` (or `--isolated`) runs each engine -- jaxrl,
@@ -61,9 +61,10 @@ def _parse(argv):
     p.add_argument("--hf-device", default="cpu",
                    help="torch device of the transformers peer, e.g. cuda (then timed with "
                         "torch.cuda.synchronize)")
-    p.add_argument("--quantize", choices=["none", "int8", "w8a8"], default="none",
-                   help="int8 (weight-only) or w8a8 (int8 weights and per-token activations): "
-                        "also time that generator, interleaved with the plain one")
+    p.add_argument("--quantize", choices=["none", "int8", "w8a8", "fp8"], default="none",
+                   help="int8 (weight-only), w8a8 (int8 weights and per-token activations) or "
+                        "fp8 (the same in float8 e4m3): also time that generator, interleaved "
+                        "with the plain one")
     p.add_argument("--fuse", action="store_true",
                    help="also time the generator with fused q/k/v and gate/up projections "
                         "(generate.fuse_projections), interleaved with the unfused one; with "
@@ -188,14 +189,14 @@ def _variant(model, args):
     (`--quantize`)."""
     from flax import nnx
 
-    from jaxrl.models.quant import int8_copy
+    from jaxrl.models.quant import quantized_copy
 
     copy = nnx.merge(*nnx.split(model))
     if args.fuse:
         copy.fuse_projections()
     if args.quantize == "none":
         return copy
-    return int8_copy(copy, activations=args.quantize == "w8a8")
+    return quantized_copy(copy, args.quantize)
 
 
 def run_jax_vs(model, prompts, args, baseline=None) -> tuple[dict, dict, float]:
@@ -292,9 +293,9 @@ def run(args) -> dict[str, float]:
     if args.fuse:  # the baseline: unfused, and int8 when the fused side is
         baseline = model
         if args.quantize != "none":
-            from jaxrl.models.quant import int8_copy
+            from jaxrl.models.quant import quantized_copy
 
-            baseline = int8_copy(model, activations=args.quantize == "w8a8")
+            baseline = quantized_copy(model, args.quantize)
         ours, other, ratios = run_jax_vs(model, prompts, args, baseline)
     elif args.quantize != "none":
         ours, other, ratios = run_jax_vs(model, prompts, args)
@@ -328,7 +329,8 @@ def run(args) -> dict[str, float]:
         results[f"{name}_decode_ratio"] = ratios["decode_s"]
         results[f"{name}_paired_ratios"] = ratios["pairs"]
         label = "fused projections" if args.fuse else {
-            "int8": "int8 (weight-only)", "w8a8": "w8a8 (int8 weights, int8 activations)"}[
+            "int8": "int8 (weight-only)", "w8a8": "w8a8 (int8 weights, int8 activations)",
+            "fp8": "fp8 (e4m3 weights, e4m3 activations)"}[
             args.quantize]
         print(f"jaxrl {label}: {results[f'{name}_tokens_per_s']:.0f} tok/s end to end, "
               f"{results[f'{name}_decode_tokens_per_s']:.0f} tok/s decode; {name} / "

@@ -1,7 +1,7 @@
 """`bench.py generate --vs hf,ct2`: each decode engine in its own process, rounds interleaved.
 
     python launch/bench.py generate --vs hf,ct2 [--batch 32] [--rounds 3] [--repeats 1]
-                                    [--quantize int8|w8a8] [--cache-dir DIR]
+                                    [--quantize int8|w8a8|fp8] [--cache-dir DIR]
 
 Contenders: jaxrl (`JaxEngine` + `Scheduler`, this environment), `transformers.generate` (torch
 CPU, `--threads` torch threads) and CTranslate2 at f32 and int8 (`intra_threads=--threads`), each
@@ -58,9 +58,9 @@ def parse_vs(value: str) -> list[str]:
 
 
 def contenders(peers: list[str], quantize: str) -> list[Contender]:
-    """jaxrl (and its int8 generator with `--quantize int8` or `w8a8`) first, then the peers. The
-    `transformers` worker runs in the `rl-step` TRL environment: it pins exactly torch's CPU
-    wheel and this environment's transformers (trl itself is not imported)."""
+    """jaxrl (and its 8-bit generator with `--quantize int8`, `w8a8` or `fp8`) first, then the
+    peers. The `transformers` worker runs in the `rl-step` TRL environment: it pins exactly
+    torch's CPU wheel and this environment's transformers (trl itself is not imported)."""
     rows = [Contender("jaxrl", "gen_jaxrl_worker.py", ("none",))]
     if quantize != "none":
         rows.append(Contender(f"jaxrl-{quantize}", "gen_jaxrl_worker.py", (quantize,)))

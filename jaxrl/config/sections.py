@@ -25,7 +25,7 @@ Architecture = Literal["llama", "qwen2", "qwen3", "qwen3_moe"]
 KVLayout = Literal["contiguous", "paged"]
 # the generator's copy of the weights: as synced, weight-only int8, or int8 weights and per-token
 # int8 activations (jaxrl.models.quant)
-Quantize = Literal["none", "int8", "w8a8"]
+Quantize = Literal["none", "int8", "w8a8", "fp8"]
 LoraTarget = Literal["q", "k", "v", "o", "gate", "up", "down"]
 LoraGenerator = Literal["merge", "forward"]
 LORA_TARGETS: tuple[str, ...] = typing.get_args(LoraTarget)
@@ -288,7 +288,9 @@ class GenerateConfig:
     # output channel, weight-only; the trainer keeps its precision; behaviour logprobs come from
     # the int8 policy, so pair it with an off-policy correction such as train.correction);
     # "w8a8": the same weights, and each projection also quantizes its input per token and
-    # contracts in int8 (faster than f32 on CPU, where weight-only int8 is slower)
+    # contracts in int8 (faster than f32 on CPU, where weight-only int8 is slower); "fp8": w8a8
+    # in float8 e4m3, contracting e4m3 x e4m3 with f32 sums (for accelerators with fp8
+    # matmuls, e.g. Hopper GPUs; XLA:CPU has none: there it is for tests, not speed)
     quantize: Quantize = "none"
     # each publish joins the generator's q/k/v and dense gate/up projections into one wider
     # matmul each (jaxrl/models/transformer.py, fuse_projections; docs/benchmarks.md, "Generator

@@ -229,22 +229,18 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
     gen_dtype = cfg.generate.dtype or model_cfg.param_dtype
     gen_cfg = dataclasses.replace(model_cfg, param_dtype=gen_dtype, dtype=gen_dtype)
     gather = local_replica if multi else None
-    int8 = cfg.generate.quantize in ("int8", "w8a8")
-    act = cfg.generate.quantize == "w8a8"  # per-token int8 activations too
+    quant = None if cfg.generate.quantize == "none" else cfg.generate.quantize
     if model_cfg.lora.enabled:
-        publisher, graphdef = lora_publisher(gen_cfg, mesh, base, gather, int8=int8,
-                                             activations=act)
+        publisher, graphdef = lora_publisher(gen_cfg, mesh, base, gather, quantize=quant)
         gen_params = publisher.publish(trainer_params, version)[0]
     else:
         graphdef, abstract = nnx.split(abstract_model(gen_cfg))
         targets = pure_state_shardings(abstract, mesh, "generator")
         sync = WeightSync(targets, dtype=gen_dtype, gather=gather)
         quantize, fuse = None, cfg.generate.fuse_projections
-        if int8 or fuse:  # moved in generate.dtype, then fused / quantized on the generator mesh
-            quantize = int8_quantizer(gen_cfg, mesh, graphdef, int8=int8, fuse=fuse,
-                                      activations=act)
-            graphdef = nnx.graphdef(abstract_model(gen_cfg, int8=int8, fused=fuse,
-                                                   activations=act))
+        if quant or fuse:  # moved in generate.dtype, then fused / quantized on the generator mesh
+            quantize = generator_transform(gen_cfg, mesh, graphdef, quantize=quant, fuse=fuse)
+            graphdef = nnx.graphdef(abstract_model(gen_cfg, quantize=quant, fused=fuse))
         publisher = GeneratorPublisher(sync, graphdef, quantize)
         gen_params = publisher.publish(trainer_params, version)[0]
     kind, split = JaxEngine, {}
@@ -304,13 +300,13 @@ def live_rebalance(cfg: RunConfig, model_cfg, meshes, learner, pipeline, produce
     return live
 
 
-def int8_quantizer(gen_cfg, mesh, plain_graphdef, *, int8: bool = True, fuse: bool = False,
-                   activations: bool = False):
+def generator_transform(gen_cfg, mesh, plain_graphdef, *, quantize: str | None = None,
+                        fuse: bool = False):
     """The jitted `params -> params` of the generator's own copy, on the generator mesh:
     `plain_graphdef`'s model (no adapters) with its projections fused
-    (`generate.fuse_projections`) and/or quantized (`generate.quantize="int8"` or `"w8a8"`:
-    `activations`), laid out as the transformed model's shardings
-    (`jaxrl.models.quant.generator_state_fn`)."""
+    (`generate.fuse_projections`) and/or quantized to the format `quantize`
+    (`generate.quantize`: "int8", "w8a8", "fp8"; None: not quantized), laid out as the
+    transformed model's shardings (`jaxrl.models.quant.generator_state_fn`)."""
     from flax import nnx
 
     from jaxrl.models.model import abstract_model
@@ -318,18 +314,17 @@ def int8_quantizer(gen_cfg, mesh, plain_graphdef, *, int8: bool = True, fuse: bo
     from jaxrl.sharding import pure_state_shardings
 
     plain_cfg = dataclasses.replace(gen_cfg, lora=type(gen_cfg.lora)())
-    abstract = nnx.state(abstract_model(plain_cfg, int8=int8, fused=fuse))
+    abstract = nnx.state(abstract_model(plain_cfg, quantize=quantize, fused=fuse))
     return generator_state_fn(plain_graphdef, pure_state_shardings(abstract, mesh, "generator"),
-                              int8=int8, fuse=fuse, activations=activations)
+                              quantize=quantize, fuse=fuse)
 
 
-def lora_publisher(gen_cfg, mesh, base, gather, *, int8: bool = False,
-                   activations: bool = False):
+def lora_publisher(gen_cfg, mesh, base, gather, *, quantize: str | None = None):
     """(LoraPublisher, the generator model's graphdef) for a LoRA run: the base moved once in
     the generator's dtype; adapters every publish, then merged into a plain model on the
-    generator mesh (`model.lora.generator="merge"`) or applied in its forward pass. `int8`:
-    the merged weights (or, in the forward pass, the base once) quantized (`activations`:
-    w8a8)."""
+    generator mesh (`model.lora.generator="merge"`) or applied in its forward pass.
+    `quantize` (a `generate.quantize` format, None: off): the merged weights (or, in the forward
+    pass, the base once) quantized to it."""
     from flax import nnx
 
     from jaxrl.controller.weight_sync import LoraPublisher, WeightSync
@@ -342,11 +337,10 @@ def lora_publisher(gen_cfg, mesh, base, gather, *, int8: bool = False,
     _, abstract = nnx.split(abstract_model(gen_cfg))
     base_targets, adapter_targets = lora.split(pure_state_shardings(abstract, mesh, "generator"))
     plain_cfg = dataclasses.replace(gen_cfg, lora=type(lora_cfg)())
-    graphdef = nnx.graphdef(abstract_model(plain_cfg if merge else gen_cfg, int8=int8,
-                                           activations=activations))
-    quantize = None
-    if int8:
-        quantize = int8_quantizer(gen_cfg, mesh, nnx.graphdef(abstract_model(plain_cfg)))
+    graphdef = nnx.graphdef(abstract_model(plain_cfg if merge else gen_cfg, quantize=quantize))
+    if quantize is not None:
+        quantize = generator_transform(gen_cfg, mesh, nnx.graphdef(abstract_model(plain_cfg)),
+                                       quantize=quantize)
     # adapters stay f32 to be merged (the sum is rounded once); cast when applied per token
     adapter_sync = WeightSync(adapter_targets, dtype=None if merge else gen_cfg.dtype,
                               gather=gather)

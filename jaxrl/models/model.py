@@ -11,17 +11,17 @@ from jaxrl.models.transformer import Transformer
 from jaxrl.sharding import Role, state_shardings
 
 
-def abstract_model(cfg: ModelConfig, seed: int = 0, *, int8: bool = False,
-                   fused: bool = False, activations: bool = False) -> Transformer:
+def abstract_model(cfg: ModelConfig, seed: int = 0, *, quantize: str | None = None,
+                   fused: bool = False) -> Transformer:
     """The model with `ShapeDtypeStruct` leaves (no memory allocated); the generator's copy
-    with `fused` projections (`Transformer.fuse_projections`) and/or `int8` ones
-    (`Transformer.quantize_int8`; `activations`: w8a8)."""
+    with `fused` projections (`Transformer.fuse_projections`) and/or 8-bit ones in the format
+    `quantize` (`Transformer.quantize`: "int8", "w8a8", "fp8")."""
 
     def build():
         model = Transformer(cfg, rngs=nnx.Rngs(seed))
         if fused:
             model.fuse_projections()
-        return model.quantize_int8(activations) if int8 else model
+        return model if quantize is None else model.quantize(quantize)
 
     return nnx.eval_shape(build)
 

@@ -167,36 +167,39 @@ def _write_rows(cache, new, start_B, axis: int):
 
 
 def _project(module, name: str, spec: str, x, dt):
-    """`einsum(spec, x, module.<name>)` with the weight in `dt`; an int8 module's weight is read
-    as int8 and its per-output-channel scale (`<name>_scale`) applied to the result."""
+    """`einsum(spec, x, module.<name>)` with the weight in `dt`; a quantized module's weight is
+    read in its 8-bit format and its per-output-channel scale (`<name>_scale`) applied to the
+    result (`jaxrl.models.quant.quantized_einsum`)."""
     w = getattr(module, name)[...]
-    if module.int8:
-        return quant.int8_einsum(spec, x.astype(dt), w, getattr(module, f"{name}_scale")[...],
-                                 activations=module.int8_activations)
+    if module.quant_format is not None:
+        return quant.quantized_einsum(spec, x.astype(dt), w,
+                                      getattr(module, f"{name}_scale")[...], module.quant_format)
     return jnp.einsum(spec, x, w.astype(dt))
 
 
-def _quantize_projections(module, contracted: dict[str, int], activations: bool) -> None:
-    """Replace each named projection (its first n axes contracted) by its int8 values and
-    add `<name>_scale`, whose logical axes are the projection's output axes; `activations`:
-    the forward pass quantizes each projection's input per token too (w8a8)."""
-    if module.int8:
-        raise ValueError(f"{type(module).__name__} is already quantized")
+def _quantize_projections(module, contracted: dict[str, int], fmt: str) -> None:
+    """Replace each named projection (its first n axes contracted) by its values in the 8-bit
+    format `fmt` (`jaxrl.models.quant.FORMATS`) and add `<name>_scale`, whose logical axes are
+    the projection's output axes; with "w8a8" the forward pass quantizes each projection's input
+    per token too."""
+    quant.check_format(fmt)
+    if module.quant_format is not None:
+        raise ValueError(f"{type(module).__name__} is already quantized ({module.quant_format})")
     for name, n in contracted.items():
         param = getattr(module, name)
         axes = param.get_metadata()["logical_axes"]
-        q, scale = quant.quantize_int8(param[...], n)
+        q, scale = quant.quantize_weight(param[...], n, fmt)
         setattr(module, name, nnx.Param(q, logical_axes=axes))
         setattr(module, f"{name}_scale", nnx.Param(scale, logical_axes=axes[n:]))
-    module.int8, module.int8_activations = True, activations
+    module.quant_format = fmt
 
 
 def _check_fusable(module, lora_enabled: bool) -> None:
     name = type(module).__name__
     if module.fused:
         raise ValueError(f"{name}'s projections are already fused")
-    if module.int8:
-        raise ValueError(f"{name} is quantized: fuse the projections before quantize_int8()")
+    if module.quant_format is not None:
+        raise ValueError(f"{name} is quantized: fuse the projections before quantize()")
     if lora_enabled:
         raise ValueError(f"{name} has LoRA adapters: fused projections take no adapters (merge "
                          "them first; multi-adapter decode needs the unfused layout)")
@@ -208,8 +211,7 @@ class Attention(nnx.Module):
         pd = DTYPES[cfg.param_dtype]
         std = 0.02
         self.cfg = cfg
-        self.int8 = False  # quantize_int8() swaps the projections for int8 + scales
-        self.int8_activations = False  # ... and with activations=True, quantizes their inputs
+        self.quant_format = None  # quantize(fmt) swaps the projections for 8-bit values + scales
         self.fused = False  # fuse_projections() joins q/k/v into qkv_proj
         self.q_proj = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd, std)
         self.k_proj = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd, std)
@@ -234,10 +236,10 @@ class Attention(nnx.Module):
         lora.add_adapters(self, cfg.lora, "o", (h, d), ("heads", "head_dim"), (e,), ("embed",),
                           rngs)
 
-    def quantize_int8(self, activations: bool = False) -> None:
-        """Hold q/k/v/o in int8 with per-output-channel scales (`jaxrl.models.quant`)."""
+    def quantize(self, fmt: str) -> None:
+        """Hold q/k/v/o in the 8-bit `fmt` with per-output-channel scales (`jaxrl.models.quant`)."""
         inputs = {"qkv_proj": 1} if self.fused else {"q_proj": 1, "k_proj": 1, "v_proj": 1}
-        _quantize_projections(self, {**inputs, "o_proj": 2}, activations)
+        _quantize_projections(self, {**inputs, "o_proj": 2}, fmt)
 
     def fuse_projections(self) -> None:
         """Join q/k/v (and their biases) into one `qkv_proj [E, K, G+2, D]` (G = H/K query heads
@@ -320,8 +322,7 @@ class MLP(nnx.Module):
         self.down_proj = _param(rngs, (f, e), ("mlp", "embed"), pd, 0.02)
         self.lora = cfg.lora
         self.sizes = (e, f)
-        self.int8 = False  # quantize_int8() swaps the projections for int8 + scales
-        self.int8_activations = False  # ... and with activations=True, quantizes their inputs
+        self.quant_format = None  # quantize(fmt) swaps the projections for 8-bit values + scales
         self.fused = False  # fuse_projections() joins gate/up into gate_up_proj
 
     def add_lora(self, rngs: nnx.Rngs) -> None:
@@ -330,10 +331,11 @@ class MLP(nnx.Module):
             lora.add_adapters(self, self.lora, name, (e,), ("embed",), (f,), ("mlp",), rngs)
         lora.add_adapters(self, self.lora, "down", (f,), ("mlp",), (e,), ("embed",), rngs)
 
-    def quantize_int8(self, activations: bool = False) -> None:
-        """Hold gate/up/down in int8 with per-output-channel scales (`jaxrl.models.quant`)."""
+    def quantize(self, fmt: str) -> None:
+        """Hold gate/up/down in the 8-bit `fmt` with per-output-channel scales
+        (`jaxrl.models.quant`)."""
         inputs = {"gate_up_proj": 1} if self.fused else {"gate_proj": 1, "up_proj": 1}
-        _quantize_projections(self, {**inputs, "down_proj": 1}, activations)
+        _quantize_projections(self, {**inputs, "down_proj": 1}, fmt)
 
     def fuse_projections(self) -> None:
         """Join gate and up into one `gate_up_proj [E, 2, F]` (one dot for both; an `mlp` shard
@@ -351,10 +353,10 @@ class MLP(nnx.Module):
             h_BTF = jax.nn.silu(gate_up_BT2F[:, :, 0]) * gate_up_BT2F[:, :, 1]
             return _project(self, "down_proj", "btf,fe->bte", h_BTF, dt)
         adapted = any(t in ("gate", "up", "down") for t in self.lora.targets) and self.lora.rank
-        if not adapted and not self.int8:
+        if not adapted and self.quant_format is None:
             w = (self.gate_proj[...], self.up_proj[...], self.down_proj[...])
             return swiglu(x_BTE, *(p.astype(dt) for p in w))
-        # with adapters or int8 weights: the plain expression (autodiff for adapters; the base
+        # with adapters or 8-bit weights: the plain expression (autodiff for adapters; the base
         # weights get no gradient)
         gate_BTF = _project(self, "gate_proj", "bte,ef->btf", x_BTE, dt)
         up_BTF = _project(self, "up_proj", "bte,ef->btf", x_BTE, dt)
@@ -435,22 +437,23 @@ class Transformer(nnx.Module):
                 layer.attn.add_lora(adapter_rngs)
                 layer.mlp.add_lora(adapter_rngs)
 
-    def quantize_int8(self, activations: bool = False) -> Transformer:
-        """The generator's int8 copy (`generate.quantize="int8"`, `jaxrl.models.quant`): every
-        decoder layer's attention and dense MLP projections become int8 with f32 scales per
-        output channel, in place. The embedding, lm head, norms, biases and expert weights keep
-        their dtype. `activations` (`"w8a8"`): those projections also quantize their inputs per
-        token and contract in int8. Inference only: the int8 weights have no gradient."""
+    def quantize(self, fmt: str = "int8") -> Transformer:
+        """The generator's 8-bit copy (`generate.quantize`, `jaxrl.models.quant`), in place:
+        every decoder layer's attention and dense MLP projections become int8 (`"int8"`,
+        `"w8a8"`) or float8 e4m3 (`"fp8"`) with f32 scales per output channel. The embedding,
+        lm head, norms, biases and expert weights keep their dtype. `"w8a8"`: those projections
+        also quantize their inputs per token and contract in int8. Inference only: the 8-bit
+        weights have no gradient."""
         for layer in self.layers:
-            layer.attn.quantize_int8(activations)
+            layer.attn.quantize(fmt)
             if not layer.sparse:
-                layer.mlp.quantize_int8(activations)
+                layer.mlp.quantize(fmt)
         return self
 
     def fuse_projections(self) -> Transformer:
         """The generator's fused copy (`generate.fuse_projections`): in every decoder layer, q/k/v
         become one projection and a dense MLP's gate/up another, in place (one wider dot each
-        instead of three and two). Call before `quantize_int8`; refused with LoRA adapters.
+        instead of three and two). Call before `quantize`; refused with LoRA adapters.
         Inference only; checkpoints and HF export read the unfused layout."""
         for layer in self.layers:
             layer.attn.fuse_projections()

@@ -212,9 +212,10 @@ def _generator_bytes(abstract_nnx, gen_dtype: str, shape) -> int:
     return _shard_bytes(nnx.to_pure_dict(abstract_nnx), sh, _BYTES[gen_dtype])
 
 
-def _int8_generator_bytes(model_cfg: ModelConfig, gen_dtype: str, shape) -> int:
-    """The int8 generator's weights (`generate.quantize="int8"`): projections 1 byte, their
-    scales f32, every other leaf in `gen_dtype`, per device on the generator mesh."""
+def _quantized_generator_bytes(model_cfg: ModelConfig, gen_dtype: str, shape,
+                               fmt: str) -> int:
+    """The 8-bit generator's weights (`generate.quantize`, format `fmt`): projections 1 byte,
+    their scales f32, every other leaf in `gen_dtype`, per device on the generator mesh."""
     import jax
     from flax import nnx
     from jax.sharding import AbstractMesh
@@ -223,14 +224,14 @@ def _int8_generator_bytes(model_cfg: ModelConfig, gen_dtype: str, shape) -> int:
     from jaxrl.sharding import pure_state_shardings
 
     plain = dataclasses.replace(model_cfg, lora=type(model_cfg.lora)())
-    abstract = nnx.state(abstract_model(plain, int8=True))
+    abstract = nnx.state(abstract_model(plain, quantize=fmt))
     mesh = AbstractMesh(tuple(shape), ("dp", "tp"))
     shs = jax.tree.leaves(pure_state_shardings(abstract, mesh, "generator"),
                           is_leaf=lambda s: hasattr(s, "shard_shape"))
     leaves = jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(abstract))
     total = 0
     for (path, x), sh in zip(leaves, shs, strict=True):
-        size = 1 if x.dtype == "int8" else 4 if str(path[-1].key).endswith("_scale") else None
+        size = 1 if x.dtype.itemsize == 1 else 4 if str(path[-1].key).endswith("_scale") else None
         total += math.prod(sh.shard_shape(x.shape)) * (size or _BYTES[gen_dtype])
     return total
 
@@ -352,10 +353,10 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
         # the base it received once + the merged copy of the model decode runs
         gen_weights = 2 * gen_weights
         weights_note = "LoRA merge: at most the kept base + the merged weights"
-    if gen.quantize in ("int8", "w8a8"):  # the synced copy (until quantized) + the int8 model
-        gen_weights += _int8_generator_bytes(model_cfg, gdt, gshape)
+    if gen.quantize != "none":  # the synced copy (until quantized) + the 8-bit model
+        gen_weights += _quantized_generator_bytes(model_cfg, gdt, gshape, gen.quantize)
         weights_note = (weights_note + "; " if weights_note else "") + (
-            "int8: + the int8 model (projections 1 byte, f32 scales)")
+            f"{gen.quantize}: + the {gen.quantize} model (projections 1 byte, f32 scales)")
     items += [Item("generator", f"weights ({gdt})", gen_weights, weights_note),
               Item("generator", f"KV cache ({slots} slots x {max_len} positions)", kv,
                    f"x {model_cfg.num_layers} layers x (k, v) x {model_cfg.num_kv_heads} kv "

@@ -74,11 +74,11 @@ def test_fused_int8_equals_unfused_int8(model):
     # per-output-channel scales do not depend on the layout, so fuse-then-quantize holds the
     # same int8 values and scales as quantize alone: the logits agree to f32 rounding
     tokens = jax.random.randint(jax.random.key(2), (2, 7), 0, model.cfg.vocab_size)
-    fused_int8 = quant.int8_copy(_fused(model))
+    fused_int8 = quant.quantized_copy(_fused(model))
     assert nnx.to_pure_dict(nnx.state(fused_int8))["layers"][0]["attn"]["qkv_proj"].dtype \
         == jnp.int8
     np.testing.assert_allclose(np.asarray(_logits(fused_int8, tokens)),
-                               np.asarray(_logits(quant.int8_copy(model), tokens)),
+                               np.asarray(_logits(quant.quantized_copy(model), tokens)),
                                atol=LOGIT_ATOL, rtol=0)
 
 
@@ -87,8 +87,8 @@ def test_fusing_is_refused_with_lora_after_int8_and_twice(model):
 
     with pytest.raises(ValueError, match="LoRA adapters"):
         create_model(tiny_model_config(lora=LoraConfig(rank=4)), seed=0).fuse_projections()
-    with pytest.raises(ValueError, match="before quantize_int8"):
-        quant.int8_copy(model).fuse_projections()
+    with pytest.raises(ValueError, match=r"before quantize\(\)"):
+        quant.quantized_copy(model).fuse_projections()
     with pytest.raises(ValueError, match="already fused"):
         _fused(_fused(model))
 
@@ -98,7 +98,7 @@ def test_publish_fuses_the_generator_copy_on_its_mesh(model):
     trainer's, joined (checked against the trainer's arrays by hand), sharded on the generator
     mesh by kv head / mlp; the trainer's params keep their layout."""
     from jaxrl.config import MeshConfig
-    from jaxrl.controller.build import int8_quantizer
+    from jaxrl.controller.build import generator_transform
     from jaxrl.controller.weight_sync import GeneratorPublisher, WeightSync
     from jaxrl.models.model import abstract_model
     from jaxrl.sharding import make_meshes, pure_state_shardings
@@ -109,7 +109,7 @@ def test_publish_fuses_the_generator_copy_on_its_mesh(model):
     publisher = GeneratorPublisher(
         WeightSync(pure_state_shardings(abstract, mesh, "generator")),
         nnx.graphdef(abstract_model(cfg, fused=True)),
-        int8_quantizer(cfg, mesh, graphdef, int8=False, fuse=True))
+        generator_transform(cfg, mesh, graphdef, quantize=None, fuse=True))
     got = nnx.to_pure_dict(publisher.publish(params, version=1)[0])["layers"][1]
     want = params["layers"][1]
     qkv, k = got["attn"]["qkv_proj"], cfg.num_kv_heads

@@ -1,9 +1,9 @@
 """jaxrl's side of `bench.py generate --vs ...`: `JaxEngine` + `Scheduler` (this environment).
 
-    python gen_jaxrl_worker.py WORK_DIR none|int8|w8a8 [greedy]
+    python gen_jaxrl_worker.py WORK_DIR none|int8|w8a8|fp8 [greedy]
 
-Loads the saved HF model in f32 (`int8`: then the weight-only int8 generator copy; `w8a8`: with
-int8 activations too), one engine with one slot per prompt and one prefill bucket (the prompt
+Loads the saved HF model in f32 (then, unless `none`, the generator copy quantized to that
+`generate.quantize` format), one engine with one slot per prompt and one prefill bucket (the prompt
 length). With `greedy`, first prints the greedy continuations of the first `greedy_prompts`
 prompts; then a warm-up of `chunk_steps` tokens (compiles prefill and the decode chunk), then
 `repeats` timed generations of the whole batch, exactly `new_tokens` each (no EOS ids), each
@@ -26,10 +26,10 @@ def main(argv: list[str]) -> int:
     from jaxrl.models import load_pretrained
 
     _, model = load_pretrained(w["model"], "float32")
-    if quantize != "none":  # int8: weight-only; w8a8: activations too
-        from jaxrl.models.quant import int8_copy
+    if quantize != "none":
+        from jaxrl.models.quant import quantized_copy
 
-        model = int8_copy(model, activations=quantize == "w8a8")
+        model = quantized_copy(model, quantize)
     engine = JaxEngine(model, num_slots=w["batch"], max_len=w["prompt_tokens"] + w["new_tokens"],
                        chunk_steps=w["chunk_steps"], prefill_buckets=[w["prompt_tokens"]])
     prompts = w["prompts"]
