@@ -290,7 +290,7 @@ class GenerateConfig:
     # "w8a8": the same weights, and each projection also quantizes its input per token and
     # contracts in int8 (faster than f32 on CPU, where weight-only int8 is slower); "fp8": w8a8
     # in float8 e4m3, contracting e4m3 x e4m3 with f32 sums (for accelerators with fp8
-    # matmuls, e.g. Hopper GPUs; XLA:CPU has none: there it is for tests, not speed)
+    # matmuls, e.g. Hopper GPUs; XLA:CPU converts to f32 and runs at about f32's speed)
     quantize: Quantize = "none"
     # each publish joins the generator's q/k/v and dense gate/up projections into one wider
     # matmul each (jaxrl/models/transformer.py, fuse_projections; docs/benchmarks.md, "Generator

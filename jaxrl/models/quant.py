@@ -22,8 +22,8 @@ inference on GPUs with fp8 matmuls, e.g. Hopper's): the weight `q = W / s` with 
 448` per output channel, each token's input `p = x / t` with `t = max |x| / 448`, both rounded to
 nearest even, so each channel's or token's largest value is exact and every other within
 2^-4 of itself (relative; absolute 2^-10 times the scale below e4m3's normal range). The
-contraction runs on the e4m3 operands with f32 sums, `x @ (q s) = (p @ q) t s`. XLA:CPU has no
-fp8 matmul unit; there the format is for correctness tests, not speed.
+contraction runs on the e4m3 operands with f32 sums, `x @ (q s) = (p @ q) t s`. XLA:CPU converts
+both operands to f32 and runs its f32 dot (about f32's speed): there the format is for tests.
 
 Only the decoder layers' projections are quantized; the embedding, a separate lm head, norms,
 biases, routers and a mixture of experts' expert weights keep the generator's dtype (the
