@@ -75,4 +75,3 @@ def power_of_two_parts(n: int, limit: int, max_pad: float = 0.125) -> list[int]:
         parts.append(part)
         n -= part
     return parts
-

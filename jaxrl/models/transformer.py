@@ -180,8 +180,8 @@ def _project(module, name: str, spec: str, x, dt):
 def _quantize_projections(module, contracted: dict[str, int], fmt: str) -> None:
     """Replace each named projection (its first n axes contracted) by its values in the 8-bit
     format `fmt` (`jaxrl.models.quant.FORMATS`) and add `<name>_scale`, whose logical axes are
-    the projection's output axes; with "w8a8" the forward pass quantizes each projection's input
-    per token too."""
+    the projection's output axes; with "w8a8" or "fp8" the forward pass quantizes each
+    projection's input per token too."""
     quant.check_format(fmt)
     if module.quant_format is not None:
         raise ValueError(f"{type(module).__name__} is already quantized ({module.quant_format})")
