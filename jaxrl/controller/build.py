@@ -233,14 +233,24 @@ def generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int, 
     if model_cfg.lora.enabled:
         publisher, graphdef = lora_publisher(gen_cfg, mesh, base, gather, quantize=quant)
         gen_params = publisher.publish(trainer_params, version)[0]
+    elif quant:  # cast, fused and quantized on the trainer's devices; the 8-bit copy moves
+        from jaxrl.models.quant import generator_state_fn
+
+        fuse = cfg.generate.fuse_projections
+        graphdef, abstract = nnx.split(abstract_model(gen_cfg, quantize=quant, fused=fuse))
+        sync = WeightSync(pure_state_shardings(abstract, mesh, "generator"), gather=gather)
+        quantize = generator_state_fn(nnx.graphdef(abstract_model(gen_cfg)), quantize=quant,
+                                      fuse=fuse, dtype=gen_dtype)
+        publisher = GeneratorPublisher(sync, graphdef, quantize, before_move=True)
+        gen_params = publisher.publish(trainer_params, version)[0]
     else:
         graphdef, abstract = nnx.split(abstract_model(gen_cfg))
         targets = pure_state_shardings(abstract, mesh, "generator")
         sync = WeightSync(targets, dtype=gen_dtype, gather=gather)
         quantize, fuse = None, cfg.generate.fuse_projections
-        if quant or fuse:  # moved in generate.dtype, then fused / quantized on the generator mesh
-            quantize = generator_transform(gen_cfg, mesh, graphdef, quantize=quant, fuse=fuse)
-            graphdef = nnx.graphdef(abstract_model(gen_cfg, quantize=quant, fused=fuse))
+        if fuse:  # moved in generate.dtype, then fused on the generator mesh
+            quantize = generator_transform(gen_cfg, mesh, graphdef, fuse=fuse)
+            graphdef = nnx.graphdef(abstract_model(gen_cfg, fused=fuse))
         publisher = GeneratorPublisher(sync, graphdef, quantize)
         gen_params = publisher.publish(trainer_params, version)[0]
     kind, split = JaxEngine, {}

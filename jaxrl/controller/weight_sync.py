@@ -134,6 +134,7 @@ def _quantized(quantize, params: Any) -> tuple[Any, dict]:
     """`quantize(params)` timed (`pipeline/quantize_s`); no-op without a quantizer."""
     if quantize is None:
         return params, {}
+    jax.block_until_ready(params)  # time the transform, not the step that computes the params
     start = time.perf_counter()
     params = jax.block_until_ready(quantize(params))
     return params, {"pipeline/quantize_s": time.perf_counter() - start}
@@ -143,19 +144,25 @@ class GeneratorPublisher:
     """The pipeline's `publish`: reshard trainer params with a `WeightSync`, rebuild the generator
     model's state from them (`graphdef`), and report the sync's time, bytes and bandwidth.
 
-    `quantize` (`generate.quantize="int8"` and/or `generate.fuse_projections`): a jitted
-    `params -> params` run on the generator mesh after the move
-    (`jaxrl.models.quant.generator_state_fn`, timed as `pipeline/quantize_s`); `graphdef` is then
-    the transformed model's. The trainer's copy keeps its precision and layout."""
+    `quantize` (`generate.quantize` and/or `generate.fuse_projections`): a jitted
+    `params -> params` (`jaxrl.models.quant.generator_state_fn`, timed as
+    `pipeline/quantize_s`), run on the generator mesh after the move, or with `before_move` on
+    the trainer's devices before it, so that only the 8-bit copy crosses; `graphdef` is then the
+    transformed model's. The trainer's copy keeps its precision and layout."""
 
-    def __init__(self, sync: WeightSync, graphdef, quantize=None):
+    def __init__(self, sync: WeightSync, graphdef, quantize=None, *, before_move: bool = False):
         self.sync, self.graphdef, self.quantize = sync, graphdef, quantize
+        self.before_move = before_move
 
     def publish(self, params: Any, version: int) -> tuple[Any, dict]:
         from flax import nnx
 
-        gen_params, stats = self.sync(params)
-        gen_params, extra = _quantized(self.quantize, gen_params)
+        if self.before_move:
+            params, extra = _quantized(self.quantize, params)
+            gen_params, stats = self.sync(params)
+        else:
+            gen_params, stats = self.sync(params)
+            gen_params, extra = _quantized(self.quantize, gen_params)
         gen_state = nnx.state(nnx.merge(self.graphdef, gen_params))
         return gen_state, {"pipeline/weight_sync_s": stats.seconds,
                            "pipeline/weight_sync_gbps": stats.gbps,

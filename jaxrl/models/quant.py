@@ -122,15 +122,21 @@ def _dynamic_einsum(spec: str, x, q, scale, fmt: str):
 
 
 def generator_state_fn(graphdef, out_shardings=None, *, quantize: str | None = "int8",
-                       fuse: bool = False):
+                       fuse: bool = False, dtype=None):
     """A jitted `params -> pure dict` of the generator's own copy: the plain model `graphdef`
-    filled with `params` (a pure dict, as the weight sync moves them), its q/k/v and gate/up
-    projections fused (`fuse`, `Transformer.fuse_projections`), then quantized to the format
-    `quantize` (`Transformer.quantize`; None: not quantized). `out_shardings`: the transformed
-    model's (generator mesh)."""
+    filled with `params` (a pure dict, as the weight sync moves them; floating leaves first cast
+    to `dtype` unless None), its q/k/v and gate/up projections fused (`fuse`,
+    `Transformer.fuse_projections`), then quantized to the format `quantize`
+    (`Transformer.quantize`; None: not quantized). `out_shardings`: the transformed model's
+    (None: where XLA puts them, on the devices of `params`)."""
     from flax import nnx
 
+    def cast(x):
+        return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
     def transform(params):
+        if dtype is not None:
+            params = jax.tree.map(cast, params)
         model = nnx.merge(graphdef, params)
         if fuse:
             model.fuse_projections()

@@ -353,10 +353,13 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
         # the base it received once + the merged copy of the model decode runs
         gen_weights = 2 * gen_weights
         weights_note = "LoRA merge: at most the kept base + the merged weights"
-    if gen.quantize != "none":  # the synced copy (until quantized) + the 8-bit model
+    if gen.quantize != "none" and lora_on:  # the synced copy (until quantized) + 8-bit model
         gen_weights += _quantized_generator_bytes(model_cfg, gdt, gshape, gen.quantize)
         weights_note = (weights_note + "; " if weights_note else "") + (
             f"{gen.quantize}: + the {gen.quantize} model (projections 1 byte, f32 scales)")
+    elif gen.quantize != "none":  # quantized before the move: only the 8-bit model arrives
+        gen_weights = _quantized_generator_bytes(model_cfg, gdt, gshape, gen.quantize)
+        weights_note = f"{gen.quantize}: projections 1 byte, f32 scales"
     items += [Item("generator", f"weights ({gdt})", gen_weights, weights_note),
               Item("generator", f"KV cache ({slots} slots x {max_len} positions)", kv,
                    f"x {model_cfg.num_layers} layers x (k, v) x {model_cfg.num_kv_heads} kv "

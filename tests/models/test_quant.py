@@ -9,7 +9,6 @@ from flax import nnx
 
 from jaxrl.config import MeshConfig
 from jaxrl.models import create_model, quant
-from jaxrl.models.model import abstract_model
 from jaxrl.presets import tiny_model_config
 from jaxrl.sharding import make_meshes
 
@@ -131,10 +130,8 @@ def test_publish_quantizes_the_generator_copy_on_its_mesh(lora_generator, fmt):
     import dataclasses
 
     from jaxrl.config import LoraConfig
-    from jaxrl.controller.build import generator_transform, lora_publisher
-    from jaxrl.controller.weight_sync import GeneratorPublisher, WeightSync
+    from jaxrl.controller.build import lora_publisher
     from jaxrl.models import lora
-    from jaxrl.sharding import pure_state_shardings
 
     cfg = tiny_model_config()
     if lora_generator:
@@ -150,12 +147,14 @@ def test_publish_quantizes_the_generator_copy_on_its_mesh(lora_generator, fmt):
         state, metrics = publisher.publish(adapters, version=1)
         want = lora.merge(lora.join(base, adapters), cfg.lora) if lora_generator == "merge" \
             else base
-    else:
-        graphdef, abstract = nnx.split(abstract_model(cfg))
-        sync = WeightSync(pure_state_shardings(abstract, meshes.generator, "generator"))
-        publisher = GeneratorPublisher(sync, nnx.graphdef(abstract_model(cfg, quantize=fmt)),
-                                       generator_transform(cfg, meshes.generator, graphdef,
-                                                           quantize=fmt))
+    else:  # a run's own wiring: quantized on the trainer's devices, then moved
+        from jaxrl.config import GenerateConfig, RunConfig
+        from jaxrl.controller.build import generator
+
+        run_cfg = RunConfig(model=cfg, generate=GenerateConfig(num_slots=4, max_len=32,
+                                                               quantize=fmt))
+        publisher = generator(run_cfg, cfg, meshes.generator, params, seq_len=16, version=0,
+                              eos_id=0, multi=False)[0]
         state, metrics = publisher.publish(params, version=1)
     assert ("pipeline/quantize_s" in metrics) == (lora_generator != "forward")  # base: once
     got = nnx.to_pure_dict(state)
@@ -171,7 +170,9 @@ def test_publish_quantizes_the_generator_copy_on_its_mesh(lora_generator, fmt):
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
 def test_memory_plan_counts_the_8bit_copy_by_hand(fmt):
-    from jaxrl.config import GenerateConfig, ModelConfig, RunConfig
+    import dataclasses
+
+    from jaxrl.config import GenerateConfig, LoraConfig, ModelConfig, RunConfig
     from jaxrl.train.memory_plan import plan_memory
 
     # E 64, F 128, 2 layers, 4 heads x D 16, 2 kv heads, V 128, tied: 82240 params
@@ -184,7 +185,47 @@ def test_memory_plan_counts_the_8bit_copy_by_hand(fmt):
     # per layer: projections q 4096 + k 2048 + v 2048 + o 4096 + mlp 3 * 8192 in 1 byte, scales
     # 64 + 32 + 32 + 64 + 128 + 128 + 64 in f32; embedding + norms 8192 + 5 * 64 in f32
     int8 = 2 * 36864 + 2 * 512 * 4 + (8192 + 320) * 4
-    assert plan.item("weights").bytes == 4 * 82240 + int8  # + the synced f32 copy
+    assert plan.item("weights").bytes == int8  # quantized before the move: no f32 copy
+    # LoRA quantizes on the generator: the 8-bit model beside the f32 weights it holds anyway
+    lora = dataclasses.replace(model, lora=LoraConfig(rank=4, generator="merge"))
+    sizes = [plan_memory(dataclasses.replace(cfg, model=lora, generate=dataclasses.replace(
+        cfg.generate, quantize=q)), lora, trainer_mesh_shape=(1, 1), generator_mesh_shape=(1, 1),
+        max_seq_len=48, platform="cpu", budget_bytes=2**30).item("weights").bytes
+        for q in (fmt, "none")]
+    assert sizes[0] - sizes[1] == int8
+
+
+@pytest.mark.parametrize("fmt,fuse", [("int8", False), ("fp8", False), ("int8", True)])
+def test_a_publish_moves_only_the_8bit_copy(fmt, fuse):
+    """A run's publish quantizes on the trainer's devices and moves the 8-bit copy: the bytes it
+    reports are the 8-bit model's (counted by hand, a quarter-ish of the f32 model's), and the
+    generator's weights are bit for bit the copy quantized where it lives."""
+    from jaxrl.config import GenerateConfig, ModelConfig, RunConfig
+    from jaxrl.controller.build import generator
+
+    model_cfg = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
+                            num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=False)
+    meshes = make_meshes(MeshConfig(trainer=(2, 1), generator=(1, 2)))
+    model = create_model(model_cfg, mesh=meshes.trainer, seed=0)
+    params = nnx.to_pure_dict(nnx.state(model))
+    run_cfg = RunConfig(model=model_cfg, generate=GenerateConfig(
+        num_slots=4, max_len=32, quantize=fmt, fuse_projections=fuse))
+    publisher, engine, _ = generator(run_cfg, model_cfg, meshes.generator, params, seq_len=16,
+                                     version=0, eos_id=0, multi=False)
+    state, metrics = publisher.publish(params, version=1)
+    # as in test_memory_plan_counts_the_8bit_copy_by_hand: 82240 params, 73728 of them 8-bit
+    assert metrics["pipeline/weight_sync_bytes"] == 2 * 36864 + 2 * 512 * 4 + (8192 + 320) * 4
+    assert metrics["pipeline/quantize_s"] > 0
+    got = nnx.to_pure_dict(state)
+    plain = create_model(model_cfg, seed=0)
+    want = nnx.to_pure_dict(nnx.state(quant.quantized_copy(
+        plain.fuse_projections() if fuse else plain, fmt)))
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want),
+                            strict=True):
+        assert a.dtype == b.dtype, path
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8),
+                                      err_msg=str(path))
+        assert set(a.sharding.device_set) <= set(meshes.generator.devices.flat), path
 
 
 def _dynamic_reference(spec, x, q, scale, n, fmt):
