@@ -9,6 +9,36 @@ is used.
 """
 
 import importlib
+import os
+import sys
+
+
+def _yield_the_name_kernels():
+    """This folder imported under its own name, `kernels`: a checkout's root is on `sys.path`
+    (`python -m ...` or a test run from it, `launch/eval.py`). That name belongs to Hugging Face's
+    kernel hub package, a dependency of `transformers` >= 5.25, which imports it when any model
+    module loads; found here first, it would fail there. Load the next `kernels` on the path
+    in this module's place (`import` returns what `sys.modules` holds once this body ends); with
+    none installed, this module stays, exporting nothing under that name."""
+    from importlib.machinery import PathFinder
+    from importlib.util import module_from_spec
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != root]
+    spec = PathFinder.find_spec("kernels", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = module_from_spec(spec)
+    sys.modules["kernels"] = module  # before it runs: its own `kernels.x` imports resolve to it
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop("kernels", None)
+        raise
+
+
+if __name__ == "kernels":
+    _yield_the_name_kernels()
 
 _EXPORTS = {
     "flash_attention": "jaxrl_kernels.flash_attention.ops",

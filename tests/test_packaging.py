@@ -3,9 +3,13 @@
 `kernels` on PyPI is another project (Hugging Face's kernel hub, used with `transformers`); the
 top-level folder `kernels/` installs as `jaxrl_kernels` (setup.py). Run from outside the checkout:
 Python puts the working directory on sys.path, where the folder `kernels/` is always importable.
+From the checkout's root (the tests, `python -m ...`), the folder hands the name `kernels` over to
+an installed package of that name: `transformers` >= 5.25 depends on Hugging Face's and imports it
+whenever a model module loads.
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OURS = {"jaxrl", "jaxrl_kernels"}
 
 
-def _py(code: str, cwd: Path, *flags: str) -> dict:
+def _py(code: str, cwd: Path, *flags: str, env: dict | None = None) -> dict:
     out = subprocess.run([sys.executable, *flags, "-c", code], cwd=cwd, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.splitlines()[-1])
 
@@ -82,3 +86,44 @@ def test_wheel_maps_kernels_folder_to_jaxrl_kernels(tmp_path):
                 tmp_path, "-S")
     assert found["kernels"] is None
     assert found["jaxrl_kernels"] == str(tmp_path / "site" / "jaxrl_kernels" / "__init__.py")
+
+
+# an installed `kernels` laid out as Hugging Face's: a package importing its own parts
+FAKE_HUB = {
+    "kernels/__init__.py": "from kernels.layer import CUDAProperties\n",
+    "kernels/layer.py": "CUDAProperties = 'the installed kernels'\n",
+}
+NAMES = """
+import json, kernels
+from kernels import CUDAProperties
+print(json.dumps({"file": kernels.__file__, "name": CUDAProperties}))
+"""
+
+
+def test_from_the_checkout_root_kernels_is_the_installed_package(tmp_path):
+    """With the checkout's root first on sys.path (`python -c` run there puts '' first) and a
+    package named `kernels` installed further down, `import kernels` and `from kernels import
+    ...` give the installed package and its own submodules, not jaxrl's folder (before: an
+    ImportError for every name the folder lacks)."""
+    for name, text in FAKE_HUB.items():
+        (tmp_path / "site" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / name).write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    found = _py(NAMES, ROOT, env=env)
+    assert found == {"file": str(tmp_path / "site" / "kernels" / "__init__.py"),
+                     "name": "the installed kernels"}
+    # No other `kernels` (-S: no site-packages): the folder stays, and says what it is.
+    alone = _py("import json, kernels; print(json.dumps(kernels.__file__))", ROOT, "-S")
+    assert alone == str(ROOT / "kernels" / "__init__.py")
+
+
+def test_transformers_model_modules_import_from_the_checkout_root():
+    """What the test suite does from the checkout's root: `transformers` builds a model
+    (activations, hub kernels, the model's module). With `transformers` 5.25 this failed on
+    `from kernels import CUDAProperties` reaching jaxrl's folder."""
+    code = ("import json, transformers\n"
+            "cfg = transformers.LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, "
+            "num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)\n"
+            "model = transformers.LlamaForCausalLM(cfg)\n"
+            "print(json.dumps(sum(p.numel() for p in model.parameters())))")
+    assert _py(code, ROOT) > 0
