@@ -3,6 +3,8 @@ cross-lowering): the GPU bodies through Pallas' Triton lowering to Triton IR, th
 Mosaic. Nothing runs; this catches ops or shapes a lowering rejects, which the interpreters cannot
 (realistic shapes: bf16, D = 128, GQA 4, lengths not multiples of the blocks, default blocks)."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -21,13 +23,25 @@ B, T, HQ, HKV, D, S = 2, 1000, 32, 8, 128, 4000
 BF16 = jnp.bfloat16
 
 
+def _target(backend):
+    """The device the GPU bodies lower for: an H100 (sm_90) named on an abstract mesh. jax 0.11's
+    Pallas Triton lowering takes the compute capability from the device kind and, with no GPU
+    attached, from an abstract device only; jax 0.10's lowered without one (and ignores it)."""
+    if backend != "gpu":
+        return contextlib.nullcontext()
+    device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100", num_cores=None, platform="gpu")
+    return jax.sharding.use_abstract_mesh(
+        jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device))
+
+
 def _lower(backend, fn, *args):
     platform, target = PLATFORMS[backend]
-    exported = export.export(
-        jax.jit(fn),
-        platforms=[platform],
-        disabled_checks=[export.DisabledSafetyCheck.custom_call(target)],
-    )(*args)
+    with _target(backend):
+        exported = export.export(
+            jax.jit(fn),
+            platforms=[platform],
+            disabled_checks=[export.DisabledSafetyCheck.custom_call(target)],
+        )(*args)
     assert target in exported.mlir_module()
 
 
