@@ -19,12 +19,12 @@ def _yield_the_name_kernels():
     kernel hub package, a dependency of `transformers` >= 5.25, which imports it when any model
     module loads; found here first, it would fail there. Load the next `kernels` on the path
     in this module's place (`import` returns what `sys.modules` holds once this body ends); with
-    none installed, this module stays, exporting nothing under that name."""
+    none installed, this module stays."""
     from importlib.machinery import PathFinder
     from importlib.util import module_from_spec
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != root]
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    rest = [p for p in sys.path if os.path.realpath(p or os.curdir) != root]
     spec = PathFinder.find_spec("kernels", rest)
     if spec is None or spec.loader is None:
         return
