@@ -126,10 +126,28 @@ def tiny_llama_tokenizer(path: str | Path, texts: list[str], *, add_bos: bool = 
     (path / "tokenizer_config.json").write_text(json.dumps(config))
 
 
+def _save_tiny_qwen2(path: Path, *, seed: int, **overrides) -> None:
+    """A random Qwen2 of `TINY_HF_KW`'s shape (untied, as `transformers`' Qwen2 default) written
+    as a Hugging Face directory by jaxrl itself, so that the recipe needs neither torch nor
+    `transformers` (a plain `pip install -e .`)."""
+    from jaxrl.config import ModelConfig
+    from jaxrl.models import create_model
+    from jaxrl.models.hf import save_pretrained
+
+    kw = dict(TINY_HF_KW, **overrides)
+    cfg = ModelConfig(
+        architecture="qwen2", vocab_size=kw["vocab_size"], hidden_size=kw["hidden_size"],
+        intermediate_size=kw["intermediate_size"], num_layers=kw["num_hidden_layers"],
+        num_heads=kw["num_attention_heads"], num_kv_heads=kw["num_key_value_heads"],
+        max_position_embeddings=kw["max_position_embeddings"], rms_norm_eps=kw["rms_norm_eps"],
+        rope_theta=kw["rope_theta"], qkv_bias=True, tie_embeddings=False)
+    save_pretrained(create_model(cfg, seed=seed), cfg, path)
+
+
 def make_gsm8k_recipe(out: str | Path, *, train: int = 48, test: int = 16, seed: int = 0) -> Path:
     """`out/model` (a tiny random Qwen2 with its own BPE tokenizer) and `out/train.jsonl`,
     `out/test.jsonl` in GSM8K's format (question, answer with a final `#### N` line): what
-    `configs/gsm8k_tiny.py` reads. Returns `out`."""
+    `configs/gsm8k_tiny.py` reads. Returns `out`. Needs only jaxrl's own dependencies."""
     import json
     import random
 
@@ -146,7 +164,7 @@ def make_gsm8k_recipe(out: str | Path, *, train: int = 48, test: int = 16, seed:
     texts = [r["question"] + " " + r["answer"] for r in rows]
     tiny_tokenizer(model_dir, texts + ["Solve it step by step and put the final answer in "
                                        "\\boxed{}. The answer is 0123456789"])
-    make_hf_model("qwen2", model_dir, seed=seed, vocab_size=320, max_position_embeddings=512)
+    _save_tiny_qwen2(model_dir, seed=seed, vocab_size=320, max_position_embeddings=512)
     for name, part in (("train.jsonl", rows[:train]), ("test.jsonl", rows[train:])):
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in part))
     return out

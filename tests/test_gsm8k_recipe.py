@@ -28,3 +28,26 @@ def test_gsm8k_tiny_recipe_completes(tmp_path):
     rows = [json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
     assert "eval/pass@1" in rows[-1] and (run_dir / "checkpoints" / "5").is_dir()
+
+
+def test_the_recipe_needs_neither_torch_nor_transformers(tmp_path):
+    """docs/quickstart.md's setup check runs after a plain `pip install -e .`: the recipe is
+    written with torch and `transformers` unimportable, and `transformers` loads what it wrote."""
+    script = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+              "from jaxrl.testing import make_gsm8k_recipe; make_gsm8k_recipe(sys.argv[1])")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("XLA_FLAGS", None)
+    made = subprocess.run([sys.executable, "-c", script, str(tmp_path / "recipe")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    import transformers
+
+    model_dir = tmp_path / "recipe" / "model"
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(model_dir,
+                                                                 output_loading_info=True)
+    assert type(hf).__name__ == "Qwen2ForCausalLM"
+    assert not any(info.values()), info  # no missing, unexpected or mismatched tensors
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    assert tok.eos_token == "<|im_end|>" and len(tok) <= hf.config.vocab_size
+    rows = (tmp_path / "recipe" / "train.jsonl").read_text().splitlines()
+    assert len(rows) == 48 and "####" in json.loads(rows[0])["answer"]
