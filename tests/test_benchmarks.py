@@ -3,12 +3,14 @@ itself (moved parameters equal the host round trip's and sit on their target sha
 
 import importlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "launch"))
 import bench  # noqa: E402
 
 
@@ -20,6 +22,27 @@ def test_every_named_benchmark_is_implemented(name):
 def test_unknown_benchmark_is_a_clear_error(capsys):
     assert bench.main(["nope"]) == 2
     assert "generate|train" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["generate", "--vs", "hf"], "--vs hf needs torch and transformers"),
+    (["generate", "--vs", "hf,ct2"], "--vs hf,ct2 needs torch and transformers"),
+    (["rl-step", "--vs", "none"], "bench.py rl-step (it writes"),
+    (["train", "--vs", "torch"], "--vs torch needs torch and transformers"),
+])
+def test_peer_benchmarks_name_the_missing_packages_before_jax(argv, what):
+    """Without the `bench` extra, a peer comparison stops at once with what is missing and the
+    install command, not with an ImportError after building a model."""
+    code = ("import sys; sys.modules['torch'] = None\n"  # importlib finds None: not installed
+            "sys.path.insert(0, 'launch'); import bench\n"
+            "try:\n    bench.main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    assert 'jax' not in sys.modules, 'JAX imported before the error'\n"
+            "    raise\n")
+    res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert what in res.stderr
+    assert "missing: torch. Install them with: pip install -e '.[bench]'" in res.stderr
 
 
 def test_reshard_benchmark_runs_on_the_tiny_model(capsys):

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxrl.benchmarks import missing_packages
+
 print = functools.partial(print, flush=True)  # progress shows while the peer runs
 
 
@@ -96,6 +98,9 @@ def _parse(argv):
     if isolated(args) and args.vocab < 259:  # the saved byte tokenizer's 259 ids
         p.error(f"--vs {args.vs} saves a 259-id byte tokenizer: --vocab must be >= 259, "
                 f"got {args.vocab}")
+    if (args.vs != "none" or args.isolated) and (
+            why := missing_packages(f"--vs {args.vs}" if args.vs != "none" else "--isolated")):
+        p.error(why)
     return args
 
 

@@ -39,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 
+from jaxrl.benchmarks import missing_packages
 from jaxrl.config.train import REMAT_NAMES  # plain Python: the CLI still answers before JAX loads
 
 print = functools.partial(print, flush=True)
@@ -110,6 +111,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0 or args.timeout <= 0:
         p.error(f"--warmup must be >= 0 and --timeout > 0, got {args.warmup}, {args.timeout}")
+    if why := missing_packages("bench.py rl-step (it writes the workload's weights and "
+                               "tokenizer with them)"):
+        p.error(why)
     args.vs = [v for v in args.vs if v != "none"]
     return args
 

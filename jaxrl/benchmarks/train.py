@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from jaxrl.benchmarks import missing_packages
+
 
 def bench_model_config(args):
     from jaxrl.config import ModelConfig
@@ -225,6 +227,8 @@ def main(argv: list[str]) -> int:
         p.error("--moe runs alone (no --vs torch, no --lora-rank, no --model tiny)")
     if args.lora_rank < 0:
         p.error(f"--lora-rank must be >= 0, got {args.lora_rank}")
+    if args.vs == "torch" and (why := missing_packages("--vs torch")):
+        p.error(why)
     print(json.dumps(run(args)))
     return 0
 
