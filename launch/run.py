@@ -53,11 +53,12 @@ def main(argv: list[str]) -> int:
     progress.set_enabled(not args.quiet)
     import jaxrl.run
     from jaxrl.controller.stopping import Terminated
+    from jaxrl.data.sources import RecordError
 
     stop_on_sigterm()
     try:
         jaxrl.run.run(cfg, resume=args.resume, progress=not args.quiet)
-    except ConfigError as e:  # checks that need the devices or the data (after JAX started)
+    except (ConfigError, RecordError) as e:  # checks that need the devices or the data
         print(f"error: {e}", file=sys.stderr)
         return _leave(2)
     except Terminated as e:

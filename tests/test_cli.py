@@ -127,3 +127,20 @@ def test_launcher_flag_errors():
     assert out.returncode == 2 and "--resume takes no value" in out.stderr
     out = _launch("--config")
     assert out.returncode == 2 and "--config needs a path" in out.stderr
+
+
+@pytest.mark.parametrize("paths, needle", [
+    ("missing.jsonl", "error: data path 'missing.jsonl' does not exist"),
+    ("bad.jsonl", "error: bad.jsonl:2: malformed JSON"),
+])
+def test_bad_data_is_an_error_line_not_a_traceback(tmp_path, paths, needle):
+    """Data the run cannot read stops it with `error: ...` (exit 2) naming the file and line."""
+    (tmp_path / "bad.jsonl").write_text('{"question": "1+1", "final": 2}\nnot json\n')
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))  # run from tmp_path
+    out = subprocess.run(
+        [sys.executable, str(LAUNCH), "--name=bad", f"--run_dir={tmp_path / 'runs'}",
+         "--data.task=records", f"--data.paths={paths}", "--data.prompt_template={question}",
+         "--data.answer_field=final", "--data.reward=math_answer", "--data.sft.steps=0"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert needle in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]

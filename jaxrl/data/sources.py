@@ -33,6 +33,10 @@ class RecordError(ValueError):
     """A bad record or file; the message names the file, line/row and what is wrong."""
 
 
+class DataPathError(RecordError, FileNotFoundError):
+    """A data path that names no data file (a `FileNotFoundError` too)."""
+
+
 def expand_paths(patterns: Iterable[str | os.PathLike]) -> list[Path]:
     """Local paths and globs -> sorted, de-duplicated files; a pattern matching nothing fails."""
     out: list[Path] = []
@@ -41,7 +45,7 @@ def expand_paths(patterns: Iterable[str | os.PathLike]) -> list[Path]:
         if glob.has_magic(text):
             matches = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
             if not matches:
-                raise FileNotFoundError(f"data path glob {str(pattern)!r} matches no files")
+                raise DataPathError(f"data path glob {str(pattern)!r} matches no files")
             out.extend(matches)
         else:
             p = Path(text)
@@ -50,13 +54,13 @@ def expand_paths(patterns: Iterable[str | os.PathLike]) -> list[Path]:
                     q for q in p.iterdir() if q.suffix in JSONL_SUFFIXES + PARQUET_SUFFIXES
                 )
                 if not matches:
-                    raise FileNotFoundError(
+                    raise DataPathError(
                         f"data directory {str(p)!r} has no .jsonl/.parquet files")
                 out.extend(matches)
             elif p.is_file():
                 out.append(p)
             else:
-                raise FileNotFoundError(f"data path {str(pattern)!r} does not exist")
+                raise DataPathError(f"data path {str(pattern)!r} does not exist")
     seen: set[Path] = set()
     unique = []
     for p in out:
@@ -64,7 +68,7 @@ def expand_paths(patterns: Iterable[str | os.PathLike]) -> list[Path]:
             seen.add(p.resolve())
             unique.append(p)
     if not unique:
-        raise FileNotFoundError("no data paths given")
+        raise DataPathError("no data paths given")
     return unique
 
 
