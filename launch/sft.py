@@ -30,6 +30,15 @@ def main(argv: list[str]) -> None:
         cfg = load_config(argv[0], argv[1:])
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
+    from jaxrl.data.sources import RecordError
+
+    try:
+        _warm_start_and_evaluate(cfg, export_dir)
+    except (ConfigError, RecordError) as e:  # the model, the tokenizer or the data
+        raise SystemExit(f"error: {e}") from None
+
+
+def _warm_start_and_evaluate(cfg, export_dir: str | None) -> None:
     import jax
 
     from jaxrl.controller.evaluator import evaluate

@@ -144,3 +144,14 @@ def test_bad_data_is_an_error_line_not_a_traceback(tmp_path, paths, needle):
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert out.returncode == 2, out.stderr[-3000:]
     assert needle in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+def test_sft_launcher_bad_data_is_an_error_line(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "launch" / "sft.py"), str(ROOT / "configs" / "default.py"),
+         "--data.task=records", "--data.paths=missing.jsonl", "--data.prompt_template={q}",
+         "--data.answer_field=a", "--data.reward=math_answer"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert out.stderr.strip() == "error: data path 'missing.jsonl' does not exist", out.stderr
