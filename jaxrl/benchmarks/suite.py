@@ -280,7 +280,7 @@ def _generate(ctx):
     from jaxrl.benchmarks import generate
 
     argv = list(SIZES_ARGV[ctx["size"]]["generate"])
-    peer_reason = _peer_missing("transformers", ctx["size"])
+    peer_reason = _peer_missing("torch", ctx["size"]) or _peer_missing("transformers", ctx["size"])
     if peer_reason is None:
         argv += ["--vs", "hf"]
     r = generate.run(generate._parse(argv))
@@ -300,7 +300,7 @@ def _train(ctx):
     from jaxrl.benchmarks import train
 
     argv = list(SIZES_ARGV[ctx["size"]]["train"])
-    peer_reason = _peer_missing("torch", ctx["size"])
+    peer_reason = _peer_missing("torch", ctx["size"]) or _peer_missing("transformers", ctx["size"])
     if peer_reason is None:
         argv += ["--vs", "torch"]
     r = train.run(train._parser().parse_args(argv))
