@@ -87,3 +87,16 @@ def test_malformed_override_and_missing_file(tmp_path):
     bad.write_text("x = 1\n")
     with pytest.raises(ConfigError, match="config\\(\\)"):
         load_config(bad)
+
+
+def test_a_shipped_config_is_found_by_name_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # outside the checkout: `configs/arith.py` is not here
+    for name in ("arith", "arith.py", "configs/arith.py"):
+        assert load_config(name).name == "arith"
+    with pytest.raises(ConfigError) as err:
+        load_config("configs/nope.py")
+    # The message lists what exists (it listed nothing when it looked in the wrong folder).
+    for path in CONFIGS:
+        assert repr(path.stem) in str(err.value)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("elsewhere/arith.py")  # a folder of the user's own is not redirected

@@ -25,7 +25,7 @@ from jaxrl.config.base import ConfigError, literal_choices
 from jaxrl.config.overrides import _strip_optional, to_dict
 
 FLAGS = {
-    "--config": "experiment file (configs/*.py); default configs/default.py",
+    "--config": "experiment file, or a shipped config by name (arith); default configs/default.py",
     "--resume": "continue the run's latest checkpoint",
     "--quiet": "no progress display",
     "--print-config": "print the resolved config (after overrides) as JSON and exit",

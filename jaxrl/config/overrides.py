@@ -149,12 +149,28 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
     return validate() if callable(validate) else cfg
 
 
+SHIPPED = Path(__file__).resolve().parents[2] / "configs"
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """The experiment file `path` names: the path itself, else a shipped config of that name
+    (`arith`, `arith.py` or `configs/arith.py` from any directory of a checkout)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_absolute():
+        candidate = SHIPPED / path.with_suffix(".py").name
+        if candidate.is_file() and path.parent in (Path("."), Path("configs")):
+            return candidate
+    shipped = sorted(p.stem for p in SHIPPED.glob("*.py"))
+    raise ConfigError(
+        f"config file {str(path)!r} not found; shipped configs (by name or path): {shipped}"
+        + (f" in {SHIPPED}" if shipped else ""))
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Any:
     """Load `config()` from an experiment file and apply overrides."""
-    path = Path(path)
-    if not path.is_file():
-        shipped = sorted(p.name for p in Path(__file__).parent.parent.glob("configs/*.py"))
-        raise ConfigError(f"config file {str(path)!r} not found; shipped configs: {shipped}")
+    path = resolve_config_path(path)
     spec = importlib.util.spec_from_file_location(f"_jaxrl_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
