@@ -7,29 +7,42 @@ exact commands are recorded in docs/benchmarks.md.
 import importlib
 import sys
 
+# name -> (module, what it measures): --help lists these without importing JAX.
 BENCHMARKS = {
-    "generate": "jaxrl.benchmarks.generate",
-    "train": "jaxrl.benchmarks.train",
-    "sandbox": "jaxrl.benchmarks.sandbox",
-    "reshard": "jaxrl.benchmarks.reshard",
-    "pipeline": "jaxrl.benchmarks.pipeline",
-    "kernels": "jaxrl.benchmarks.kernels",
-    "math": "jaxrl.benchmarks.math",
-    "agentic": "jaxrl.benchmarks.agentic",
-    "service": "jaxrl.benchmarks.service",
-    "suite": "jaxrl.benchmarks.suite",
-    "rl-step": "jaxrl.benchmarks.rl_step",
-    "rebalance": "jaxrl.benchmarks.rebalance",
-    "disaggregated": "jaxrl.benchmarks.disaggregated",
+    "generate": ("jaxrl.benchmarks.generate",
+                 "decode tokens/s of the generator (--vs hf,ct2: transformers, CTranslate2)"),
+    "train": ("jaxrl.benchmarks.train", "train_step tokens/s and MFU (--vs torch)"),
+    "sandbox": ("jaxrl.benchmarks.sandbox", "sandbox pool throughput and latency (HumanEval row)"),
+    "reshard": ("jaxrl.benchmarks.reshard", "trainer -> generator weight sync, GB/s"),
+    "pipeline": ("jaxrl.benchmarks.pipeline", "one workload in sync, periodic, async, inflight"),
+    "kernels": ("jaxrl.benchmarks.kernels", "Pallas attention kernels vs XLA, cuDNN (GPU/TPU)"),
+    "math": ("jaxrl.benchmarks.math", "math answer checkers on a hand-labelled set"),
+    "agentic": ("jaxrl.benchmarks.agentic", "multi-turn episodes with slow tools"),
+    "service": ("jaxrl.benchmarks.service", "the Tinker-compatible service"),
+    "suite": ("jaxrl.benchmarks.suite", "the cross-hardware suite (--json OUT.json)"),
+    "rl-step": ("jaxrl.benchmarks.rl_step", "one whole GRPO step against TRL and Tunix (--vs)"),
+    "rebalance": ("jaxrl.benchmarks.rebalance", "a bad fixed trainer/generator split against auto"),
+    "disaggregated": ("jaxrl.benchmarks.disaggregated",
+                      "prefill/decode disaggregation against one colocated mesh"),
 }
 
 
+def usage() -> str:
+    width = max(map(len, BENCHMARKS))
+    lines = [f"  {name:<{width}}  {what}" for name, (_, what) in BENCHMARKS.items()]
+    return ("usage: python launch/bench.py NAME [options]   (NAME --help lists its options)\n\n"
+            "benchmarks:\n" + "\n".join(lines) + "\n\nfigures and commands: docs/benchmarks.md")
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
     if not argv or argv[0] not in BENCHMARKS:
-        got = argv[0] if argv else "nothing"
-        print(f"usage: bench.py {{{'|'.join(BENCHMARKS)}}} [options]; got {got!r}", file=sys.stderr)
+        got = f"unknown benchmark {argv[0]!r}" if argv else "no benchmark named"
+        print(f"error: {got}; valid: {', '.join(BENCHMARKS)}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(BENCHMARKS[argv[0]])  # each exists (tests/test_benchmarks)
+    module = importlib.import_module(BENCHMARKS[argv[0]][0])  # each exists (tests/test_benchmarks)
     return module.main(argv[1:]) or 0
 
 
