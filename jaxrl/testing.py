@@ -173,6 +173,11 @@ def make_gsm8k_recipe(out: str | Path, *, train: int = 48, test: int = 16, seed:
 if __name__ == "__main__":
     import sys
 
+    usage = ("usage: python -m jaxrl.testing gsm8k-recipe OUT_DIR\n"
+             "  writes a tiny Qwen2 model, its BPE tokenizer and GSM8K-format train/test files")
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(usage)
+        raise SystemExit(0)
     if len(sys.argv) != 3 or sys.argv[1] != "gsm8k-recipe":
-        raise SystemExit("usage: python -m jaxrl.testing gsm8k-recipe OUT_DIR")
+        raise SystemExit(usage)
     print(f"wrote {make_gsm8k_recipe(sys.argv[2])}: model/, train.jsonl, test.jsonl")

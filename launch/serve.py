@@ -88,7 +88,8 @@ def main(argv) -> int:
         backend = Backend.load(args.base_model, max_len=args.max_len, num_slots=args.num_slots,
                                max_batch_tokens=args.max_batch_tokens, state_dir=args.state_dir)
     except (ConfigError, OSError, ValueError) as e:
-        print(f"error: --base-model {args.base_model}: {e}", file=sys.stderr)
+        where = "" if args.base_model in str(e) else f"--base-model {args.base_model}: "
+        print(f"error: {where}{e}", file=sys.stderr)
         return 2
     serve(Service(backend, api_keys=args.keys, full_params=args.full_params), args.host,
           args.port)

@@ -51,3 +51,11 @@ def test_the_recipe_needs_neither_torch_nor_transformers(tmp_path):
     assert tok.eos_token == "<|im_end|>" and len(tok) <= hf.config.vocab_size
     rows = (tmp_path / "recipe" / "train.jsonl").read_text().splitlines()
     assert len(rows) == 48 and "####" in json.loads(rows[0])["answer"]
+
+
+def test_the_recipe_command_answers_help_and_misuse():
+    run = [sys.executable, "-m", "jaxrl.testing"]
+    out = subprocess.run(run + ["--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "gsm8k-recipe OUT_DIR" in out.stdout, out
+    out = subprocess.run(run + ["recipe"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "usage: python -m jaxrl.testing" in out.stderr, out

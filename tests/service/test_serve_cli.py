@@ -49,3 +49,13 @@ def test_api_keys_file_is_checked_before_jax(tmp_path):
     keys.write_text("tml-alice\nnot-a-tml-key\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "line 2: a key is one word starting with 'tml-'" in out.stderr, out
+
+
+def test_a_missing_base_model_is_one_error_line_naming_it_once(tmp_path):
+    missing = str(tmp_path / "no-such-model")
+    out = subprocess.run([sys.executable, str(SERVE), "--base-model", missing],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and line.count(missing) == 1, line
+    assert "Traceback" not in out.stderr
