@@ -1,8 +1,8 @@
 """`jaxrl.run(cfg)`: one experiment, end to end, from one Python controller. Read top to bottom:
 
-  1. processes, meshes (a mesh that does not fit fails here, before any work), run directory;
-  2. tokenizer, task, model config, the memory plan (printed; a run that does not fit stops),
-     prompts (checked to last; with the data state a checkpoint saves);
+  1. processes, meshes (a mesh that does not fit fails here, before any work);
+  2. tokenizer, task, model config, memory plan (printed; a run that does not fit stops), prompts
+     (checked to last), then the run directory (written only once all these checks passed);
   3. the trainer on the trainer mesh: HF weights, or random init + cached SFT warm start, or the
      latest checkpoint with `resume=True`;
   4. the generator on the generator mesh (weights resharded from the trainer), the reward side
@@ -80,13 +80,9 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
     from jaxrl.train.trainer import Trainer, tree_bytes
 
     t_start = time.perf_counter()
-    # 1. processes, meshes, run directory
+    # 1. processes, meshes
     meshes = processes.meshes(cfg.mesh)
-    run_dir = build.prepare_run_dir(cfg, resume, leader=processes.leader)
-    trace = TraceWriter(process_name="measured")
-    if processes.leader:
-        closers.append(lambda: trace.save(run_dir / "trace.json"))
-    # 2. tokenizer, task, model config, prompts
+    # 2. tokenizer, task, model config, prompts; then the run directory (a failed check writes none)
     tokenizer = load_tokenizer(cfg.tokenizer, init=cfg.init)  # "auto": the model's own
     task = build_task(cfg.data)
     model_cfg = build.model_config(cfg, tokenizer)
@@ -100,6 +96,10 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
                               tracker=tracker)
     build.check_data_lasts(cfg, prompts, cfg.pipeline.steps)  # before any work
     data_states = DataStates(prompts, tracker, processes)
+    run_dir = build.prepare_run_dir(cfg, resume, leader=processes.leader)
+    trace = TraceWriter(process_name="measured")
+    if processes.leader:
+        closers.append(lambda: trace.save(run_dir / "trace.json"))
     # 3. the trainer (its state from HF / SFT, or from the latest checkpoint)
     params, sft_metrics = None, {}
     if not resume or model_cfg.lora.enabled:  # a LoRA checkpoint holds the adapters only

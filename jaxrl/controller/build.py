@@ -58,11 +58,16 @@ def model_config(cfg: RunConfig, tokenizer):
     if cfg.init:
         from jaxrl.models.hf import config_from_hf
         from jaxrl.models.hub import resolve
+        from jaxrl.models.safetensors_io import CheckpointError
 
         hf = json.loads((resolve(cfg.init, what="init") / "config.json").read_text())
-        model_cfg = config_from_hf(hf, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
-                                   attention_impl=cfg.model.attention_impl,
-                                   remat=cfg.model.remat, lora=cfg.model.lora)
+        try:
+            model_cfg = config_from_hf(
+                hf, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype,
+                attention_impl=cfg.model.attention_impl, remat=cfg.model.remat,
+                lora=cfg.model.lora)
+        except CheckpointError as e:  # an architecture or setting jaxrl does not implement
+            raise ConfigError(f"init={cfg.init!r}: {e}") from None
     if model_cfg.vocab_size < tokenizer.vocab_size:
         raise ConfigError(
             f"model.vocab_size={model_cfg.vocab_size} is smaller than the tokenizer's "

@@ -122,7 +122,8 @@ def test_a_run_that_does_not_fit_stops_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match=r"(?s)the run does not fit in device memory:.*"
                                           r"settings that would make it fit"):
         jaxrl.run.run(cfg, progress=False)
-    assert not (tmp_path / "runs" / "t" / "checkpoints").exists()
+    # Nothing written: a corrected rerun finds no half-started run to set aside.
+    assert not (tmp_path / "runs" / "t").exists()
     warn = tiny_run_config(tmp_path, name="w", pipeline=dict(steps=1),
                            mesh=dict(memory_budget_gib=0.0001, memory_check="warn"))
     assert len(jaxrl.run.run(warn, progress=False, evaluate=False).history) == 1
