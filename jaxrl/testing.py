@@ -24,8 +24,8 @@ TINY_HF_KW = dict(
 
 
 def make_hf_model(arch: str, path: str | Path | None = None, seed: int = 0, **overrides):
-    """A tiny random `transformers` model of `arch` (llama | qwen2 | qwen3 | qwen3_moe), optionally
-    saved.
+    """A tiny random `transformers` model of `arch` (llama | mistral | qwen2 | qwen3 | qwen3_moe),
+    optionally saved.
 
     Weights are drawn with std 0.2 (not HF's 0.02) so logits vary enough for parity to mean much.
     """
@@ -36,6 +36,9 @@ def make_hf_model(arch: str, path: str | Path | None = None, seed: int = 0, **ov
     if arch == "llama":
         cfg = transformers.LlamaConfig(**kw)
         cls = transformers.LlamaForCausalLM
+    elif arch == "mistral":
+        cfg = transformers.MistralConfig(**dict(dict(sliding_window=None), **kw))
+        cls = transformers.MistralForCausalLM
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**kw)
         cls = transformers.Qwen2ForCausalLM
@@ -49,7 +52,8 @@ def make_hf_model(arch: str, path: str | Path | None = None, seed: int = 0, **ov
         cfg = transformers.Qwen3MoeConfig(**kw)
         cls = transformers.Qwen3MoeForCausalLM
     else:
-        raise ValueError(f"unknown arch {arch!r}; valid: ['llama', 'qwen2', 'qwen3', 'qwen3_moe']")
+        raise ValueError(
+            f"unknown arch {arch!r}; valid: ['llama', 'mistral', 'qwen2', 'qwen3', 'qwen3_moe']")
     torch.manual_seed(seed)
     model = cls(cfg).float().eval()
     with torch.no_grad():

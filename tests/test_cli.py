@@ -156,3 +156,21 @@ def test_sft_launcher_bad_data_is_an_error_line(tmp_path):
     assert out.returncode == 1, out.stderr[-3000:]
     assert out.stderr.strip().endswith("error: data path 'missing.jsonl' does not exist")
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+def test_an_unsupported_architecture_is_an_error_line_and_writes_no_run(tmp_path):
+    """A model jaxrl does not implement stops the run with `error: init=...` (exit 2), naming the
+    architectures it does, before the run directory is written."""
+    model = tmp_path / "gpt2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(
+        {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 300}))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, str(LAUNCH), "--name=gpt2", f"--run_dir={tmp_path / 'runs'}",
+         f"--init={model}", "--tokenizer=char"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert f"error: init='{model}': unsupported architecture ['GPT2LMHeadModel']" in out.stderr
+    assert "MistralForCausalLM" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "runs").exists()

@@ -21,7 +21,7 @@ from jaxrl.config.base import (
 from jaxrl.dtypes import canonical_dtype
 
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
-Architecture = Literal["llama", "qwen2", "qwen3", "qwen3_moe"]
+Architecture = Literal["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"]
 KVLayout = Literal["contiguous", "paged"]
 # the generator's copy of the weights: as synced, weight-only int8, or int8 weights and per-token
 # int8 activations (jaxrl.models.quant)

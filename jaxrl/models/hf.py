@@ -1,7 +1,8 @@
 """Hugging Face checkpoints: read and write local `config.json` + `*.safetensors` directories.
 
-Supports `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `Qwen3MoeForCausalLM`
-(its experts: `jaxrl/models/hf_moe.py`). Tensors are read one at a
+Supports `LlamaForCausalLM`, `MistralForCausalLM` (a sliding window caps the positions: see
+`config_from_hf`), `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `Qwen3MoeForCausalLM` (its experts:
+`jaxrl/models/hf_moe.py`). Tensors are read one at a
 time from memory-mapped safetensors files (bf16 included, via ml_dtypes), converted to jaxrl's
 layout, and — when a mesh is given — placed straight onto their shards. LoRA adapters travel in
 PEFT's format (`load_pretrained(..., adapter=DIR)`, `save_adapter`: `jaxrl/models/peft_io.py`);
@@ -36,11 +37,12 @@ from jaxrl.sharding import Role, state_shardings
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
 }
-_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
+_MODEL_TYPES = {a: a for a in ARCHITECTURES.values()}  # HF's model_type of each
 def _checkpoint_tensors(path: Path) -> dict[str, np.ndarray]:
     index = path / "model.safetensors.index.json"
     if index.exists():
@@ -84,6 +86,11 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
     elif rope_type not in ("default", None):
         raise CheckpointError(f"unsupported rope_type {rope_type!r}; supported: default, llama3")
     heads = hf["num_attention_heads"]
+    max_positions = int(hf.get("max_position_embeddings", 2048))
+    if arch == "mistral" and hf.get("sliding_window"):
+        # Within its window a sliding-window layer attends to every earlier token, as full
+        # causal attention does: sequences up to the window are exact, so that is the limit.
+        max_positions = min(max_positions, int(hf["sliding_window"]))
     fields = dict(
         architecture=arch,
         vocab_size=hf["vocab_size"],
@@ -96,7 +103,7 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
         rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
         rope_scaling=scaling,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+        max_position_embeddings=max_positions,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)),
         o_bias=arch == "llama" and bool(hf.get("attention_bias", False)),
@@ -136,6 +143,10 @@ def config_to_hf(cfg: ModelConfig, dtype: Any = "float32") -> dict:
             raise CheckpointError("a Llama checkpoint needs qkv_bias == o_bias (attention_bias)")
         out["attention_bias"] = cfg.qkv_bias
         out["mlp_bias"] = False
+    if cfg.architecture == "mistral":
+        if cfg.qkv_bias or cfg.o_bias:
+            raise CheckpointError("a Mistral checkpoint has no attention biases")
+        out["sliding_window"] = None  # full attention over max_position_embeddings (the window)
     if cfg.architecture == "qwen3_moe":
         out.update(hf_moe.config_to_hf(cfg))
     if cfg.rope_scaling is not None:

@@ -45,6 +45,9 @@ ARCH_CASES = {
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
     ),
+    "mistral": dict(),
+    # a window longer than every sequence here: full attention, and the positions capped at it
+    "mistral_window": dict(sliding_window=40),
     "qwen2": dict(),
     "qwen3": dict(tie_word_embeddings=True),
 }
@@ -56,7 +59,10 @@ def test_logits_match_transformers_on_padded_batch(case, tmp_path):
     hf = make_hf_model(arch, tmp_path, **ARCH_CASES[case])
     cfg, model = load_pretrained(tmp_path)
     assert cfg.architecture == arch
+    window = ARCH_CASES[case].get("sliding_window")
+    assert cfg.max_position_embeddings == (window or hf.config.max_position_embeddings)
     tokens, mask, positions = _padded_batch()
+    assert tokens.shape[1] <= cfg.max_position_embeddings
     ref = _hf_logits(hf, tokens, mask, positions)
     out = _ours(model, tokens, mask, positions)
     valid = mask.astype(bool)
@@ -64,7 +70,7 @@ def test_logits_match_transformers_on_padded_batch(case, tmp_path):
     np.testing.assert_allclose(out[valid], ref[valid], atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
 def test_save_then_transformers_load_gives_same_logits(arch, tmp_path):
     make_hf_model(arch, tmp_path / "src", seed=1)
     cfg, model = load_pretrained(tmp_path / "src")
@@ -180,3 +186,16 @@ def test_jit_of_forward_matches_eager():
     np.testing.assert_allclose(np.asarray(jitted(model, tokens)), np.asarray(model(tokens)),
                                atol=1e-5)
     assert jax.devices()[0].platform == "cpu"
+
+
+def test_mistral_sliding_window_caps_the_positions(tmp_path):
+    """Inside its window a sliding-window layer is full causal attention (the parity above); past
+    it `transformers` attends differently, so the window is the longest sequence jaxrl takes."""
+    windowed = make_hf_model("mistral", tmp_path, sliding_window=4)
+    full = make_hf_model("mistral", None, sliding_window=None)  # same seed: same weights
+    tokens, mask, positions = _padded_batch()
+    a, b = (_hf_logits(m, tokens, mask, positions) for m in (windowed, full))
+    np.testing.assert_allclose(a[:, :4], b[:, :4], atol=TOL, rtol=0)
+    assert np.abs(a[0, 4:] - b[0, 4:]).max() > 0.1  # past the window the two differ
+    cfg, _ = load_pretrained(tmp_path)
+    assert cfg.architecture == "mistral" and cfg.max_position_embeddings == 4
