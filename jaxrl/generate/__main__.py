@@ -53,6 +53,9 @@ def _load(args):
         raise ValueError("--step applies to a run directory (runs/<name>)")
     path = resolve(args.model, what="--model")
     tok = args.tokenizer or (str(path) if (path / "tokenizer.json").is_file() else "char")
+    if tok == "char" and not args.tokenizer:  # say so: a real model's text would be nonsense
+        print(f"--- {args.model} has no tokenizer.json: using jaxrl's character tokenizer "
+              "(--tokenizer names another directory or Hub id)", file=sys.stderr)
     tokenizer = load_tokenizer(tok)
     return tokenizer, load_pretrained(path, args.dtype)[1]
 
