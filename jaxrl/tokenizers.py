@@ -183,3 +183,19 @@ def load_tokenizer(path: str | Path | None, init: str | Path | None = None) -> T
     except FileNotFoundError as e:
         raise ConfigError(f"tokenizer={text!r}: {e}; valid: 'auto', 'char', a directory with "
                           "tokenizer.json, or a Hugging Face Hub id") from None
+
+
+def model_tokenizer(model_dir: str | Path, tokenizer: str | None = None,
+                    what: str = "--model") -> Tokenizer:
+    """The tokenizer for a model directory: `tokenizer` when given, else the directory's own
+    `tokenizer.json`, else the CharTokenizer, with a line on stderr saying so (a real model's
+    text would come out as nonsense, and nothing else would tell why)."""
+    if tokenizer:
+        return load_tokenizer(tokenizer)
+    if (Path(model_dir) / "tokenizer.json").is_file():
+        return HFTokenizer(Path(model_dir))
+    import sys
+
+    print(f"--- {what} {model_dir} has no tokenizer.json: using jaxrl's character tokenizer "
+          "(--tokenizer names another directory or Hub id)", file=sys.stderr)
+    return CharTokenizer()

@@ -128,12 +128,9 @@ def generate(args, problems: list[dict]) -> list[list[str]]:
     from jaxrl.data.tasks import encode_prompt
     from jaxrl.generate import SamplingParams, sample
     from jaxrl.models import load_pretrained
-    from jaxrl.tokenizers import load_tokenizer
+    from jaxrl.tokenizers import model_tokenizer
 
-    tok_path = args.tokenizer
-    if tok_path is None:
-        tok_path = args.init if (Path(args.init) / "tokenizer.json").is_file() else "char"
-    tokenizer = load_tokenizer(tok_path)
+    tokenizer = model_tokenizer(args.init, args.tokenizer, what="--init")
     prompts = []
     for r in problems:
         try:

@@ -40,7 +40,7 @@ def _load(args):
     from jaxrl.controller.export import is_run_dir, load_run
     from jaxrl.models import load_pretrained
     from jaxrl.models.hub import resolve
-    from jaxrl.tokenizers import load_tokenizer
+    from jaxrl.tokenizers import load_tokenizer, model_tokenizer
 
     if is_run_dir(args.model):
         cfg, _, model, step = load_run(args.model, args.step)
@@ -52,12 +52,7 @@ def _load(args):
     if args.step is not None:
         raise ValueError("--step applies to a run directory (runs/<name>)")
     path = resolve(args.model, what="--model")
-    tok = args.tokenizer or (str(path) if (path / "tokenizer.json").is_file() else "char")
-    if tok == "char" and not args.tokenizer:  # say so: a real model's text would be nonsense
-        print(f"--- {args.model} has no tokenizer.json: using jaxrl's character tokenizer "
-              "(--tokenizer names another directory or Hub id)", file=sys.stderr)
-    tokenizer = load_tokenizer(tok)
-    return tokenizer, load_pretrained(path, args.dtype)[1]
+    return model_tokenizer(path, args.tokenizer), load_pretrained(path, args.dtype)[1]
 
 
 def main(argv: list[str] | None = None) -> int:
