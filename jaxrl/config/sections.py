@@ -21,7 +21,8 @@ from jaxrl.config.base import (
 from jaxrl.dtypes import canonical_dtype
 
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
-Architecture = Literal["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"]
+Architecture = Literal["llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe"]
+MOE_ARCHITECTURES = ("mixtral", "qwen3_moe")
 KVLayout = Literal["contiguous", "paged"]
 # the generator's copy of the weights: as synced, weight-only int8, or int8 weights and per-token
 # int8 activations (jaxrl.models.quant)
@@ -85,9 +86,11 @@ class LoraConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only transformer of the Llama / Qwen2 / Qwen3 family, or Qwen3-MoE.
+    """A decoder-only transformer of the Llama / Mistral / Qwen2 / Qwen3 family, or a mixture of
+    experts (Qwen3-MoE, Mixtral).
 
-    Mixture of experts (`architecture="qwen3_moe"`, `num_experts > 0`; HF's `Qwen3MoeConfig`):
+    Mixture of experts (`architecture="qwen3_moe"` or `"mixtral"`, `num_experts > 0`; HF's
+    `Qwen3MoeConfig`, and `MixtralConfig`, which is `norm_topk_prob=True` with every layer sparse):
     layer i is sparse when `i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0`,
     else a dense MLP of `intermediate_size`. A sparse layer routes each token to the
     `experts_per_token` experts of highest softmax probability (renormalised over those when
@@ -116,7 +119,7 @@ class ModelConfig:
     attention_impl: AttentionImpl = "auto"
     remat: bool = False  # rematerialise each decoder layer in the backward pass
     lora: LoraConfig = LoraConfig()  # low-rank adapters (rank 0: off)
-    num_experts: int = 0  # > 0: mixture of experts (architecture qwen3_moe)
+    num_experts: int = 0  # > 0: mixture of experts (architecture qwen3_moe or mixtral)
     experts_per_token: int = 2  # top-k
     moe_intermediate_size: int | None = None  # None: intermediate_size
     norm_topk_prob: bool = False
@@ -153,12 +156,13 @@ class ModelConfig:
         self._check_moe()
 
     def _check_moe(self) -> None:
-        moe = self.architecture == "qwen3_moe"
+        moe = self.architecture in MOE_ARCHITECTURES
         if moe != (self.num_experts > 0):
             raise ConfigError(
                 f"model.num_experts={self.num_experts} with model.architecture="
-                f"{self.architecture!r}: a mixture of experts is architecture 'qwen3_moe' with "
-                "num_experts > 0, every other architecture has num_experts 0")
+                f"{self.architecture!r}: a mixture of experts is architecture "
+                f"{' or '.join(map(repr, MOE_ARCHITECTURES))} with num_experts > 0, every other "
+                "architecture has num_experts 0")
         if not moe:
             return
         check_positive("model", experts_per_token=self.experts_per_token,

@@ -1,12 +1,13 @@
 """Hugging Face checkpoints: read and write local `config.json` + `*.safetensors` directories.
 
 Supports `LlamaForCausalLM`, `MistralForCausalLM` (a sliding window caps the positions: see
-`config_from_hf`), `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `Qwen3MoeForCausalLM` (its experts:
-`jaxrl/models/hf_moe.py`). Tensors are read one at a
-time from memory-mapped safetensors files (bf16 included, via ml_dtypes), converted to jaxrl's
-layout, and — when a mesh is given — placed straight onto their shards. LoRA adapters travel in
-PEFT's format (`load_pretrained(..., adapter=DIR)`, `save_adapter`: `jaxrl/models/peft_io.py`);
-the safetensors reader and writer are in `jaxrl/models/safetensors_io.py`.
+`config_from_hf`), `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, and the mixtures of experts
+`Qwen3MoeForCausalLM` and `MixtralForCausalLM` (their experts: `jaxrl/models/hf_moe.py`).
+Tensors are read one at a time from memory-mapped safetensors files (bf16 included, via
+ml_dtypes), converted to jaxrl's layout, and — when a mesh is given — placed straight onto
+their shards. LoRA adapters travel in PEFT's format (`load_pretrained(..., adapter=DIR)`,
+`save_adapter`: `jaxrl/models/peft_io.py`); the safetensors reader and writer are in
+`jaxrl/models/safetensors_io.py`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from jaxrl.sharding import Role, state_shardings
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
+    "MixtralForCausalLM": "mixtral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
@@ -87,7 +89,7 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
         raise CheckpointError(f"unsupported rope_type {rope_type!r}; supported: default, llama3")
     heads = hf["num_attention_heads"]
     max_positions = int(hf.get("max_position_embeddings", 2048))
-    if arch == "mistral" and hf.get("sliding_window"):
+    if arch in ("mistral", "mixtral") and hf.get("sliding_window"):
         # Within its window a sliding-window layer attends to every earlier token, as full
         # causal attention does: sequences up to the window are exact, so that is the limit.
         max_positions = min(max_positions, int(hf["sliding_window"]))
@@ -111,6 +113,8 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
     )
     if arch == "qwen3_moe":
         fields.update(hf_moe.config_fields(hf))
+    if arch == "mixtral":
+        fields.update(hf_moe.mixtral_config_fields(hf))
     fields.update(overrides)
     return ModelConfig(**fields)
 
@@ -143,11 +147,11 @@ def config_to_hf(cfg: ModelConfig, dtype: Any = "float32") -> dict:
             raise CheckpointError("a Llama checkpoint needs qkv_bias == o_bias (attention_bias)")
         out["attention_bias"] = cfg.qkv_bias
         out["mlp_bias"] = False
-    if cfg.architecture == "mistral":
-        if cfg.qkv_bias or cfg.o_bias:
-            raise CheckpointError("a Mistral checkpoint has no attention biases")
+    if cfg.architecture in ("mistral", "mixtral"):
+        if cfg.qkv_bias or cfg.o_bias or cfg.qk_norm:
+            raise CheckpointError(f"a {arch} checkpoint has no attention biases or q/k norms")
         out["sliding_window"] = None  # full attention over max_position_embeddings (the window)
-    if cfg.architecture == "qwen3_moe":
+    if cfg.num_experts:
         out.update(hf_moe.config_to_hf(cfg))
     if cfg.rope_scaling is not None:
         rs = cfg.rope_scaling
@@ -315,6 +319,6 @@ def save_pretrained(
         name, _, to_hf = tmap[path_key]
         host = np.asarray(jax.device_get(value), dtype=np.float32)
         tensors[name] = to_hf(host).astype(np_dtype)
-    write_safetensors(path / "model.safetensors", hf_moe.unstack_experts(tensors))
+    write_safetensors(path / "model.safetensors", hf_moe.unstack_experts(tensors, cfg))
     (path / "config.json").write_text(json.dumps(config_to_hf(cfg, dtype), indent=2))
     return path

@@ -1,8 +1,11 @@
-"""Qwen3-MoE's part of Hugging Face checkpoint I/O (`jaxrl/models/hf.py` does the rest).
+"""The mixture-of-experts part of Hugging Face checkpoint I/O, Qwen3-MoE and Mixtral
+(`jaxrl/models/hf.py` does the rest).
 
-On disk a sparse layer holds the router `mlp.gate.weight` `[X, E]` and one
+On disk a Qwen3-MoE sparse layer holds the router `mlp.gate.weight` `[X, E]` and one
 `mlp.experts.{j}.{gate,up,down}_proj.weight` per expert (what `transformers` writes, whatever
-layout it uses in memory). jaxrl stacks the experts along a leading axis, so loading stacks the
+layout it uses in memory); Mixtral's are `block_sparse_moe.gate.weight` and
+`block_sparse_moe.experts.{j}.{w1,w3,w2}.weight` (gate, up, down), renamed to the former on
+loading and back on saving. jaxrl stacks the experts along a leading axis, so loading stacks the
 X tensors of each projection into one (named `mlp.experts.{proj}`, a name only this module and
 the tensor map use) and saving splits them again.
 """
@@ -37,7 +40,30 @@ def config_fields(hf: dict) -> dict:
     )
 
 
+def mixtral_config_fields(hf: dict) -> dict:
+    """ModelConfig fields of a `MixtralConfig` dict: the top-k router renormalised over the
+    chosen experts (`norm_topk_prob`), every layer sparse, experts of `intermediate_size`."""
+    if not hf.get("num_local_experts"):
+        raise CheckpointError("a MixtralForCausalLM config without num_local_experts")
+    return dict(
+        num_experts=int(hf["num_local_experts"]),
+        experts_per_token=int(hf.get("num_experts_per_tok", 2)),
+        moe_intermediate_size=int(hf["intermediate_size"]),
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=(),
+        router_aux_loss_coef=0.0,  # off for RL whatever the checkpoint trained with
+    )
+
+
 def config_to_hf(cfg: ModelConfig) -> dict:
+    if cfg.architecture == "mixtral":
+        if not cfg.norm_topk_prob or cfg.mlp_only_layers or cfg.decoder_sparse_step != 1:
+            raise CheckpointError("a Mixtral checkpoint has every layer sparse and "
+                                  "norm_topk_prob=True")
+        return {"num_local_experts": cfg.num_experts,
+                "num_experts_per_tok": cfg.experts_per_token,
+                "intermediate_size": cfg.expert_size,
+                "router_aux_loss_coef": cfg.router_aux_loss_coef,
+                "output_router_logits": False}
     return {
         "num_experts": cfg.num_experts,
         "num_experts_per_tok": cfg.experts_per_token,
@@ -60,8 +86,43 @@ def layer_map(prefix: str, path: tuple) -> dict:
     return m
 
 
+_MIXTRAL = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+_MIXTRAL_EXPERT = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])"
+                             r"\.weight$")
+_QWEN_EXPERT = re.compile(r"^(model\.layers\.\d+)\.mlp\.experts\.(\d+)\.(\w+_proj)\.weight$")
+
+
+def from_mixtral(tensors: dict) -> dict:
+    """Mixtral's tensor names as Qwen3-MoE's (the names the rest of this module uses)."""
+    out = {}
+    for name, t in tensors.items():
+        m = _MIXTRAL_EXPERT.match(name)
+        if m:
+            name = f"{m[1]}.mlp.experts.{m[2]}.{_MIXTRAL[m[3]]}.weight"
+        elif name.endswith(".block_sparse_moe.gate.weight"):
+            name = name.replace(".block_sparse_moe.gate.", ".mlp.gate.")
+        out[name] = t
+    return out
+
+
+def to_mixtral(tensors: dict) -> dict:
+    """The inverse of `from_mixtral`, for writing a Mixtral checkpoint."""
+    back = {v: k for k, v in _MIXTRAL.items()}
+    out = {}
+    for name, t in tensors.items():
+        m = _QWEN_EXPERT.match(name)
+        if m:
+            name = f"{m[1]}.block_sparse_moe.experts.{m[2]}.{back[m[3]]}.weight"
+        elif name.endswith(".mlp.gate.weight"):
+            name = name.replace(".mlp.gate.", ".block_sparse_moe.gate.")
+        out[name] = t
+    return out
+
+
 def stack_experts(tensors: dict, cfg: ModelConfig) -> dict:
     """The checkpoint's tensors with each sparse layer's per-expert tensors stacked."""
+    if cfg.architecture == "mixtral":
+        tensors = from_mixtral(tensors)
     out = {n: t for n, t in tensors.items() if not _EXPERT.match(n)}
     used = set()
     for i in range(cfg.num_layers):
@@ -81,7 +142,7 @@ def stack_experts(tensors: dict, cfg: ModelConfig) -> dict:
     return out
 
 
-def unstack_experts(tensors: dict) -> dict:
+def unstack_experts(tensors: dict, cfg: ModelConfig) -> dict:
     """The inverse of `stack_experts`, for writing a checkpoint."""
     out = {}
     for name, t in tensors.items():
@@ -91,4 +152,4 @@ def unstack_experts(tensors: dict) -> dict:
                 out[f"{base}.{j}.{proj}.weight"] = np.ascontiguousarray(t[j])
         else:
             out[name] = t
-    return out
+    return to_mixtral(out) if cfg.architecture == "mixtral" else out

@@ -182,3 +182,28 @@ def test_generator_mesh_greedy_equals_transformers(tmp_path):
             out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)),
                               max_new_tokens=8, do_sample=False, pad_token_id=0)
         assert c.tokens == out[0, len(prompt):].tolist(), f"prompt of length {len(prompt)}"
+
+
+@pytest.mark.parametrize("experts", [4, 8])
+def test_mixtral_logits_and_round_trip_match_transformers(experts, tmp_path):
+    """Mixtral's router is Qwen3-MoE's with norm_topk_prob and every layer sparse; its tensors
+    (`block_sparse_moe.experts.{j}.w1/w3/w2`) load, and save back as a Mixtral checkpoint."""
+    hf = make_hf_model("mixtral", tmp_path / "src", num_local_experts=experts, intermediate_size=32)
+    cfg, model = load_pretrained(tmp_path / "src")
+    assert (cfg.architecture, cfg.num_experts, cfg.norm_topk_prob) == ("mixtral", experts, True)
+    assert not cfg.qk_norm and cfg.expert_size == 32
+    tokens, mask, positions = _padded_batch()
+    valid = mask.astype(bool)
+    ref = _hf_logits(hf, tokens, mask, positions)
+    out = _ours(model, tokens, mask, positions)
+    assert np.abs(ref).max() > 1.0
+    np.testing.assert_allclose(out[valid], ref[valid], atol=TOL, rtol=0)
+    save_pretrained(model, cfg, tmp_path / "out")
+    import transformers
+
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).float().eval()
+    assert type(back).__name__ == "MixtralForCausalLM"
+    assert back.config.num_local_experts == experts
+    np.testing.assert_allclose(_hf_logits(back, tokens, mask, positions)[valid], ref[valid],
+                               atol=TOL, rtol=0)
+    assert load_pretrained(tmp_path / "out")[0] == cfg
