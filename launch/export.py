@@ -43,6 +43,7 @@ def main(argv: list[str]) -> int:
     args = _parse(argv)
     from jaxrl.config import ConfigError  # no JAX
     from jaxrl.controller.export import check_run_dir  # no JAX at import
+    from jaxrl.models.safetensors_io import CheckpointError  # no JAX
 
     out = Path(args.out_dir)
     try:
@@ -54,7 +55,7 @@ def main(argv: list[str]) -> int:
         from jaxrl.controller.export import export_run
 
         info = export_run(args.run_dir, out, step=step, dtype=args.dtype, merge=args.merge)
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     what = "PEFT adapter" if info["adapter"] else "model"

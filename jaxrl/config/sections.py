@@ -21,7 +21,7 @@ from jaxrl.config.base import (
 from jaxrl.dtypes import canonical_dtype
 
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
-Architecture = Literal["llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe"]
+Architecture = Literal["llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3", "qwen3_moe"]
 MOE_ARCHITECTURES = ("mixtral", "qwen3_moe")
 KVLayout = Literal["contiguous", "paged"]
 # the generator's copy of the weights: as synced, weight-only int8, or int8 weights and per-token
@@ -86,8 +86,8 @@ class LoraConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only transformer of the Llama / Mistral / Qwen2 / Qwen3 family, or a mixture of
-    experts (Qwen3-MoE, Mixtral).
+    """A decoder-only transformer of the Llama / Mistral / Phi-3 / Qwen2 / Qwen3 family, or a
+    mixture of experts (Qwen3-MoE, Mixtral).
 
     Mixture of experts (`architecture="qwen3_moe"` or `"mixtral"`, `num_experts > 0`; HF's
     `Qwen3MoeConfig`, and `MixtralConfig`, which is `norm_topk_prob=True` with every layer sparse):

@@ -1,7 +1,8 @@
 """Hugging Face checkpoints: read and write local `config.json` + `*.safetensors` directories.
 
 Supports `LlamaForCausalLM`, `MistralForCausalLM` (a sliding window caps the positions: see
-`config_from_hf`), `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, and the mixtures of experts
+`config_from_hf`), `Phi3ForCausalLM` (fused on disk: `jaxrl/models/hf_fused.py`),
+`Qwen2ForCausalLM`, `Qwen3ForCausalLM`, and the mixtures of experts
 `Qwen3MoeForCausalLM` and `MixtralForCausalLM` (their experts: `jaxrl/models/hf_moe.py`).
 Tensors are read one at a time from memory-mapped safetensors files (bf16 included, via
 ml_dtypes), converted to jaxrl's layout, and — when a mesh is given — placed straight onto
@@ -25,7 +26,7 @@ from jax.sharding import Mesh
 
 from jaxrl.config import ConfigError, ModelConfig, RopeScaling
 from jaxrl.dtypes import canonical_dtype
-from jaxrl.models import hf_moe, lora
+from jaxrl.models import hf_fused, hf_moe, lora
 from jaxrl.models.model import abstract_model
 from jaxrl.models.peft_io import (
     adapter_map,
@@ -40,6 +41,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "MixtralForCausalLM": "mixtral",
+    "Phi3ForCausalLM": "phi3",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
@@ -89,7 +91,13 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
         raise CheckpointError(f"unsupported rope_type {rope_type!r}; supported: default, llama3")
     heads = hf["num_attention_heads"]
     max_positions = int(hf.get("max_position_embeddings", 2048))
-    if arch in ("mistral", "mixtral") and hf.get("sliding_window"):
+    if arch == "phi3":
+        partial = (hf.get("rope_parameters") or {}).get(
+            "partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+        if float(partial) != 1.0:
+            raise CheckpointError(f"partial_rotary_factor={partial} (rotary embedding on part "
+                                  "of each head) is not supported; supported: 1.0")
+    if arch in ("mistral", "mixtral", "phi3") and hf.get("sliding_window"):
         # Within its window a sliding-window layer attends to every earlier token, as full
         # causal attention does: sequences up to the window are exact, so that is the limit.
         max_positions = min(max_positions, int(hf["sliding_window"]))
@@ -147,10 +155,12 @@ def config_to_hf(cfg: ModelConfig, dtype: Any = "float32") -> dict:
             raise CheckpointError("a Llama checkpoint needs qkv_bias == o_bias (attention_bias)")
         out["attention_bias"] = cfg.qkv_bias
         out["mlp_bias"] = False
-    if cfg.architecture in ("mistral", "mixtral"):
+    if cfg.architecture in ("mistral", "mixtral", "phi3"):
         if cfg.qkv_bias or cfg.o_bias or cfg.qk_norm:
             raise CheckpointError(f"a {arch} checkpoint has no attention biases or q/k norms")
         out["sliding_window"] = None  # full attention over max_position_embeddings (the window)
+        if cfg.architecture == "phi3":  # else Phi3Config's default (32000), maybe past the vocab
+            out["pad_token_id"] = None
     if cfg.num_experts:
         out.update(hf_moe.config_to_hf(cfg))
     if cfg.rope_scaling is not None:
@@ -249,6 +259,8 @@ def load_pretrained(
     cfg = config_from_hf(json.loads((path / "config.json").read_text()), **config_overrides)
     if cfg.num_experts:
         tensors = hf_moe.stack_experts(tensors, cfg)
+    if cfg.architecture == "phi3":
+        tensors = hf_fused.split_fused(tensors, cfg)
     graphdef, abstract = nnx.split(abstract_model(cfg))
     shardings = state_shardings(abstract, mesh, role) if mesh is not None else None
     flat_shardings = dict(shardings.flat_state()) if shardings is not None else {}
@@ -319,6 +331,9 @@ def save_pretrained(
         name, _, to_hf = tmap[path_key]
         host = np.asarray(jax.device_get(value), dtype=np.float32)
         tensors[name] = to_hf(host).astype(np_dtype)
-    write_safetensors(path / "model.safetensors", hf_moe.unstack_experts(tensors, cfg))
+    tensors = hf_moe.unstack_experts(tensors, cfg)
+    if cfg.architecture == "phi3":
+        tensors = hf_fused.fuse(tensors)
+    write_safetensors(path / "model.safetensors", tensors)
     (path / "config.json").write_text(json.dumps(config_to_hf(cfg, dtype), indent=2))
     return path

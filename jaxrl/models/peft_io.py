@@ -45,6 +45,11 @@ Convert = Callable[[np.ndarray], np.ndarray]
 def adapter_map(cfg: ModelConfig) -> dict[tuple, tuple[str, Convert, Convert]]:
     """jaxrl adapter path -> (PEFT tensor name, PEFT->jaxrl, jaxrl->PEFT) for `cfg.lora`'s
     targets. PEFT's A is `[r, in]` and B `[out, r]`; jaxrl's `[in..., r]` and `[r, out...]`."""
+    if cfg.architecture == "phi3":
+        raise CheckpointError(
+            "a PEFT adapter of Phi-3 targets its fused qkv_proj / gate_up_proj modules, which "
+            "jaxrl's per-projection adapters (q, k, v, gate, up) do not map onto; train with "
+            "LoRA and export the merged model (launch/export.py --merge)")
     h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_size
     r = cfg.lora.rank
     t = (lambda x: x.T, lambda x: x.T)

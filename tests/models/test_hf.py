@@ -48,6 +48,8 @@ ARCH_CASES = {
     "mistral": dict(),
     # a window longer than every sequence here: full attention, and the positions capped at it
     "mistral_window": dict(sliding_window=40),
+    "phi3": dict(),  # fused qkv_proj and gate_up_proj on disk
+    "phi3_window_tied": dict(sliding_window=40, tie_word_embeddings=True),
     "qwen2": dict(),
     "qwen3": dict(tie_word_embeddings=True),
 }
@@ -70,7 +72,7 @@ def test_logits_match_transformers_on_padded_batch(case, tmp_path):
     np.testing.assert_allclose(out[valid], ref[valid], atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "phi3", "qwen2", "qwen3"])
 def test_save_then_transformers_load_gives_same_logits(arch, tmp_path):
     make_hf_model(arch, tmp_path / "src", seed=1)
     cfg, model = load_pretrained(tmp_path / "src")
@@ -199,3 +201,30 @@ def test_mistral_sliding_window_caps_the_positions(tmp_path):
     assert np.abs(a[0, 4:] - b[0, 4:]).max() > 0.1  # past the window the two differ
     cfg, _ = load_pretrained(tmp_path)
     assert cfg.architecture == "mistral" and cfg.max_position_embeddings == 4
+
+
+def test_phi3_partial_rotary_is_refused_by_name(tmp_path):
+    make_hf_model("phi3", tmp_path)
+    conf = json.loads((tmp_path / "config.json").read_text())
+    conf.setdefault("rope_parameters", {})["partial_rotary_factor"] = 0.75  # Phi-4-mini's
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    with pytest.raises(CheckpointError, match="partial_rotary_factor=0.75 .*supported: 1.0"):
+        load_pretrained(tmp_path)
+
+
+def test_phi3_lora_adapters_are_refused_as_peft_and_export_merged(tmp_path):
+    """PEFT adapters of Phi-3 sit on its fused modules, which jaxrl's per-projection adapters do
+    not map onto: writing (or reading) one is a clear error, and the merged export still works."""
+    from jaxrl.config import LoraConfig, ModelConfig
+    from jaxrl.models.hf import save_adapter
+
+    cfg = ModelConfig(architecture="phi3", vocab_size=96, lora=LoraConfig(rank=2))
+    model = create_model(cfg)
+    with pytest.raises(CheckpointError, match="fused qkv_proj / gate_up_proj.*--merge"):
+        save_adapter(model, tmp_path / "adapter")
+    assert not (tmp_path / "adapter").exists()
+    save_pretrained(model, cfg, tmp_path / "merged")  # LoRA merged into the fused tensors
+    names = set(read_safetensors(tmp_path / "merged" / "model.safetensors"))
+    assert "model.layers.0.self_attn.qkv_proj.weight" in names
+    assert "model.layers.0.mlp.gate_up_proj.weight" in names
+    assert not any("q_proj" in n or "lora" in n for n in names)
