@@ -43,7 +43,6 @@ def main(argv: list[str]) -> int:
     args = _parse(argv)
     from jaxrl.config import ConfigError  # no JAX
     from jaxrl.controller.export import check_run_dir  # no JAX at import
-    from jaxrl.models.safetensors_io import CheckpointError  # no JAX
 
     out = Path(args.out_dir)
     try:
@@ -53,9 +52,13 @@ def main(argv: list[str]) -> int:
         if out.is_dir() and any(out.iterdir()) and not args.force:
             raise ConfigError(f"OUT_DIR {out} is not empty; choose another or pass --force")
         from jaxrl.controller.export import export_run
+        from jaxrl.models.safetensors_io import CheckpointError
 
-        info = export_run(args.run_dir, out, step=step, dtype=args.dtype, merge=args.merge)
-    except (ConfigError, CheckpointError) as e:
+        try:
+            info = export_run(args.run_dir, out, step=step, dtype=args.dtype, merge=args.merge)
+        except CheckpointError as e:  # e.g. a form the model has no Hugging Face place for
+            raise ConfigError(str(e)) from None
+    except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     what = "PEFT adapter" if info["adapter"] else "model"
