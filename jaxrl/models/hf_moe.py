@@ -87,36 +87,31 @@ def layer_map(prefix: str, path: tuple) -> dict:
 
 
 _MIXTRAL = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
-_MIXTRAL_EXPERT = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])"
-                             r"\.weight$")
-_QWEN_EXPERT = re.compile(r"^(model\.layers\.\d+)\.mlp\.experts\.(\d+)\.(\w+_proj)\.weight$")
+_MOE_TENSOR = re.compile(
+    r"^(model\.layers\.\d+)\.(block_sparse_moe|mlp)\.(?:gate|experts\.(\d+)\.(\w+))\.weight$")
+
+
+def _rename(tensors: dict, module: str, to_module: str, projections: dict) -> dict:
+    """Each layer's router and expert tensors under `module` moved to `to_module`, the expert
+    projections renamed by `projections`; every other tensor unchanged."""
+    out = {}
+    for name, t in tensors.items():
+        m = _MOE_TENSOR.match(name)
+        if m and m[2] == module and (m[3] is None or m[4] in projections):
+            tail = "gate" if m[3] is None else f"experts.{m[3]}.{projections[m[4]]}"
+            name = f"{m[1]}.{to_module}.{tail}.weight"
+        out[name] = t
+    return out
 
 
 def from_mixtral(tensors: dict) -> dict:
     """Mixtral's tensor names as Qwen3-MoE's (the names the rest of this module uses)."""
-    out = {}
-    for name, t in tensors.items():
-        m = _MIXTRAL_EXPERT.match(name)
-        if m:
-            name = f"{m[1]}.mlp.experts.{m[2]}.{_MIXTRAL[m[3]]}.weight"
-        elif name.endswith(".block_sparse_moe.gate.weight"):
-            name = name.replace(".block_sparse_moe.gate.", ".mlp.gate.")
-        out[name] = t
-    return out
+    return _rename(tensors, "block_sparse_moe", "mlp", _MIXTRAL)
 
 
 def to_mixtral(tensors: dict) -> dict:
     """The inverse of `from_mixtral`, for writing a Mixtral checkpoint."""
-    back = {v: k for k, v in _MIXTRAL.items()}
-    out = {}
-    for name, t in tensors.items():
-        m = _QWEN_EXPERT.match(name)
-        if m:
-            name = f"{m[1]}.block_sparse_moe.experts.{m[2]}.{back[m[3]]}.weight"
-        elif name.endswith(".mlp.gate.weight"):
-            name = name.replace(".mlp.gate.", ".block_sparse_moe.gate.")
-        out[name] = t
-    return out
+    return _rename(tensors, "mlp", "block_sparse_moe", {v: k for k, v in _MIXTRAL.items()})
 
 
 def stack_experts(tensors: dict, cfg: ModelConfig) -> dict:
