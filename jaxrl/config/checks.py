@@ -137,20 +137,23 @@ def check_prefill_devices(cfg) -> None:
 def check_model_lengths(cfg, model_cfg, max_prompt: int = 1) -> None:
     """Prompt plus response (and the SFT rows) fit the model's positions."""
     limit = model_cfg.max_position_embeddings
+    limit_name = "max_position_embeddings"
+    if model_cfg.architecture in ("mistral", "mixtral", "phi3"):  # docs/models.md
+        limit_name += " (at most the checkpoint's sliding_window)"
     need = max_prompt + cfg.data.max_new_tokens
     if need > limit:
         raise ConfigError(
             f"a prompt of {max_prompt} tokens plus data.max_new_tokens={cfg.data.max_new_tokens} "
-            f"is {need} positions, more than the model's max_position_embeddings={limit}; lower "
+            f"is {need} positions, more than the model's {limit_name}={limit}; lower "
             "data.max_new_tokens or use shorter prompts")
     if cfg.generate.max_len > limit:
         raise ConfigError(
             f"generate.max_len={cfg.generate.max_len} is more than the model's "
-            f"max_position_embeddings={limit}; set --generate.max_len<={limit} or 0 (automatic)")
+            f"{limit_name}={limit}; set --generate.max_len<={limit} or 0 (automatic)")
     if cfg.data.sft.steps and cfg.data.sft.max_len > limit:
         raise ConfigError(
             f"data.sft.max_len={cfg.data.sft.max_len} is more than the model's "
-            f"max_position_embeddings={limit}; set --data.sft.max_len<={limit}")
+            f"{limit_name}={limit}; set --data.sft.max_len<={limit}")
 
 
 def sequence_capacity(longest_prompt: int, max_new_tokens: int) -> int:

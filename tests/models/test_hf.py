@@ -201,6 +201,11 @@ def test_mistral_sliding_window_caps_the_positions(tmp_path):
     assert np.abs(a[0, 4:] - b[0, 4:]).max() > 0.1  # past the window the two differ
     cfg, _ = load_pretrained(tmp_path)
     assert cfg.architecture == "mistral" and cfg.max_position_embeddings == 4
+    from jaxrl.config import ConfigError, RunConfig
+    from jaxrl.config.checks import check_model_lengths
+
+    with pytest.raises(ConfigError, match=r"at most the checkpoint's sliding_window\)=4"):
+        check_model_lengths(RunConfig(), cfg, max_prompt=3)  # a run stops before any work
 
 
 def test_phi3_partial_rotary_is_refused_by_name(tmp_path):
