@@ -24,8 +24,8 @@ TINY_HF_KW = dict(
 
 
 def make_hf_model(arch: str, path: str | Path | None = None, seed: int = 0, **overrides):
-    """A tiny random `transformers` model of `arch` (llama | mistral | mixtral | phi3 | qwen2 |
-    qwen3 | qwen3_moe), optionally saved.
+    """A tiny random `transformers` model of `arch` (llama | mistral | mixtral | olmo2 | phi3 |
+    qwen2 | qwen3 | qwen3_moe), optionally saved.
 
     Weights are drawn with std 0.2 (not HF's 0.02) so logits vary enough for parity to mean much.
     """
@@ -43,6 +43,9 @@ def make_hf_model(arch: str, path: str | Path | None = None, seed: int = 0, **ov
         kw = dict(dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None), **kw)
         cfg = transformers.MixtralConfig(**kw)
         cls = transformers.MixtralForCausalLM
+    elif arch == "olmo2":
+        cfg = transformers.Olmo2Config(**dict(dict(pad_token_id=0, eos_token_id=1), **kw))
+        cls = transformers.Olmo2ForCausalLM
     elif arch == "phi3":
         kw = dict(dict(sliding_window=None, pad_token_id=0), **kw)
         cfg = transformers.Phi3Config(**kw)
@@ -61,8 +64,8 @@ def make_hf_model(arch: str, path: str | Path | None = None, seed: int = 0, **ov
         cls = transformers.Qwen3MoeForCausalLM
     else:
         raise ValueError(
-            f"unknown arch {arch!r}; valid: ['llama', 'mistral', 'mixtral', 'phi3', 'qwen2', "
-            "'qwen3', 'qwen3_moe']")
+            f"unknown arch {arch!r}; valid: ['llama', 'mistral', 'mixtral', 'olmo2', 'phi3', "
+            "'qwen2', 'qwen3', 'qwen3_moe']")
     torch.manual_seed(seed)
     model = cls(cfg).float().eval()
     with torch.no_grad():

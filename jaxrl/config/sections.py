@@ -21,7 +21,8 @@ from jaxrl.config.base import (
 from jaxrl.dtypes import canonical_dtype
 
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
-Architecture = Literal["llama", "mistral", "mixtral", "phi3", "qwen2", "qwen3", "qwen3_moe"]
+Architecture = Literal["llama", "mistral", "mixtral", "olmo2", "phi3", "qwen2", "qwen3",
+                       "qwen3_moe"]
 MOE_ARCHITECTURES = ("mixtral", "qwen3_moe")
 KVLayout = Literal["contiguous", "paged"]
 # the generator's copy of the weights: as synced, weight-only int8, or int8 weights and per-token
@@ -86,8 +87,8 @@ class LoraConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only transformer of the Llama / Mistral / Phi-3 / Qwen2 / Qwen3 family, or a
-    mixture of experts (Qwen3-MoE, Mixtral).
+    """A decoder-only transformer of the Llama / Mistral / OLMo 2 / Phi-3 / Qwen2 / Qwen3 family,
+    or a mixture of experts (Qwen3-MoE, Mixtral).
 
     Mixture of experts (`architecture="qwen3_moe"` or `"mixtral"`, `num_experts > 0`; HF's
     `Qwen3MoeConfig`, and `MixtralConfig`, which is `norm_topk_prob=True` with every layer sparse):
@@ -114,6 +115,8 @@ class ModelConfig:
     qkv_bias: bool = False  # Qwen2 (and Llama with attention_bias)
     o_bias: bool = False  # Llama with attention_bias
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k
+    qk_norm_full: bool = False  # OLMo 2: that RMSNorm over all heads of q (of k) together
+    post_norm: bool = False  # OLMo 2: each sublayer's output normed before the residual add
     dtype: DTypeName = "float32"  # compute dtype
     param_dtype: DTypeName = "float32"  # storage dtype
     attention_impl: AttentionImpl = "auto"
@@ -153,6 +156,9 @@ class ModelConfig:
                 f"model.hidden_size ({self.hidden_size}) is not divisible by model.num_heads "
                 f"({self.num_heads}); set model.head_dim explicitly"
             )
+        if self.qk_norm_full and not self.qk_norm:
+            raise ConfigError("model.qk_norm_full=True normalises q and k over all heads, which "
+                              "needs model.qk_norm=True")
         self._check_moe()
 
     def _check_moe(self) -> None:

@@ -1,8 +1,8 @@
 """Hugging Face checkpoints: read and write local `config.json` + `*.safetensors` directories.
 
 Supports `LlamaForCausalLM`, `MistralForCausalLM` (a sliding window caps the positions: see
-`config_from_hf`), `Phi3ForCausalLM` (fused on disk: `jaxrl/models/hf_fused.py`),
-`Qwen2ForCausalLM`, `Qwen3ForCausalLM`, and the mixtures of experts
+`config_from_hf`), `Olmo2ForCausalLM` (post-norm layers), `Phi3ForCausalLM` (fused on disk:
+`jaxrl/models/hf_fused.py`), `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, and the mixtures of experts
 `Qwen3MoeForCausalLM` and `MixtralForCausalLM` (their experts: `jaxrl/models/hf_moe.py`).
 Tensors are read one at a time from memory-mapped safetensors files (bf16 included, via
 ml_dtypes), converted to jaxrl's layout, and — when a mesh is given — placed straight onto
@@ -41,6 +41,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "MixtralForCausalLM": "mixtral",
+    "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
@@ -117,7 +118,9 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)),
         o_bias=arch == "llama" and bool(hf.get("attention_bias", False)),
-        qk_norm=arch in ("qwen3", "qwen3_moe"),
+        qk_norm=arch in ("qwen3", "qwen3_moe", "olmo2"),
+        qk_norm_full=arch == "olmo2",
+        post_norm=arch == "olmo2",
     )
     if arch == "qwen3_moe":
         fields.update(hf_moe.config_fields(hf))
@@ -199,7 +202,10 @@ def _tensor_map(cfg: ModelConfig) -> dict[tuple, tuple[str, Convert, Convert]]:
         m[("lm_head",)] = ("lm_head.weight", *transpose)
     for i in range(cfg.num_layers):
         p, a = f"model.layers.{i}.", ("layers", i)
-        m[a + ("input_norm", "weight")] = (p + "input_layernorm.weight", *same)
+        if cfg.post_norm:  # OLMo 2
+            m[a + ("post_mlp_norm", "weight")] = (p + "post_feedforward_layernorm.weight", *same)
+        else:
+            m[a + ("input_norm", "weight")] = (p + "input_layernorm.weight", *same)
         m[a + ("post_attn_norm", "weight")] = (p + "post_attention_layernorm.weight", *same)
         for name, n in (("q", h), ("k", k), ("v", k)):
             m[a + ("attn", f"{name}_proj")] = (p + f"self_attn.{name}_proj.weight", *proj_in(n))
@@ -208,9 +214,12 @@ def _tensor_map(cfg: ModelConfig) -> dict[tuple, tuple[str, Convert, Convert]]:
         m[a + ("attn", "o_proj")] = (p + "self_attn.o_proj.weight", *proj_out)
         if cfg.o_bias:
             m[a + ("attn", "o_bias")] = (p + "self_attn.o_proj.bias", *same)
-        if cfg.qk_norm:
-            m[a + ("attn", "q_norm", "weight")] = (p + "self_attn.q_norm.weight", *same)
-            m[a + ("attn", "k_norm", "weight")] = (p + "self_attn.k_norm.weight", *same)
+        if cfg.qk_norm:  # OLMo 2's over all heads: HF [n*D] <-> jaxrl [n, D]
+            full = cfg.qk_norm_full
+            m[a + ("attn", "q_norm", "weight")] = (p + "self_attn.q_norm.weight",
+                                                   *(bias(h) if full else same))
+            m[a + ("attn", "k_norm", "weight")] = (p + "self_attn.k_norm.weight",
+                                                   *(bias(k) if full else same))
         if cfg.is_sparse_layer(i):
             m.update(hf_moe.layer_map(p, a))
             continue

@@ -46,13 +46,13 @@ def prefix_attention(q_BSHD, k_BSKD, v_BSKD, k_GPKD, v_GPKD, segment_ids_BS, pre
 def _layer(layer, xp_GPE, xs_BSE, rope_p, rope_s, seg_p_GP, seg_s_BS, prefix_mask_GP, group_B):
     """One decoder layer over the prefixes and the suffixes: `(xp, xs)`."""
     attn = layer.attn
-    hp, hs = layer.input_norm(xp_GPE), layer.input_norm(xs_BSE)
+    hp, hs = layer.attn_in(xp_GPE), layer.attn_in(xs_BSE)
     qp, kp, vp = attn._qkv(hp, rope_p)
     qs, ks, vs = attn._qkv(hs, rope_s)
     out_p = attention(qp, kp, vp, segment_ids_BT=seg_p_GP, impl=attn.cfg.attention_impl)
     out_s = prefix_attention(qs, ks, vs, kp, vp, seg_s_BS, prefix_mask_GP, group_B)
-    xp_GPE = xp_GPE + attn._out(out_p, hp.dtype)
-    xs_BSE = xs_BSE + attn._out(out_s, hs.dtype)
+    xp_GPE = xp_GPE + layer.attn_out(attn._out(out_p, hp.dtype))
+    xs_BSE = xs_BSE + layer.attn_out(attn._out(out_s, hs.dtype))
     return layer._mlp(xp_GPE, None)[0], layer._mlp(xs_BSE, None)[0]
 
 

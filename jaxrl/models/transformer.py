@@ -40,15 +40,21 @@ def _param(rngs: nnx.Rngs, shape, axes, dtype, std: float | None = None, ones=Fa
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, axis_name: str, param_dtype, rngs: nnx.Rngs):
-        self.weight = _param(rngs, (dim,), (axis_name,), param_dtype, ones=True)
+    """RMSNorm over the last axis, or over the last two when `dim` is a pair (OLMo 2's q/k norm
+    over all heads of a projection together: `dim=(heads, head_dim)`)."""
+
+    def __init__(self, dim: int | tuple[int, int], eps: float, axis_name: str | tuple,
+                 param_dtype, rngs: nnx.Rngs):
+        shape, axes = (dim, axis_name) if isinstance(dim, tuple) else ((dim,), (axis_name,))
+        self.weight = _param(rngs, shape, axes, param_dtype, ones=True)
         self.eps = eps
 
     def __call__(self, x):
+        w = self.weight[...].astype(jnp.float32)
         x32 = x.astype(jnp.float32)
-        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        w = self.weight[...].astype(jnp.float32).reshape((1,) * (x.ndim - 1) + (-1,))
-        return (x32 * w).astype(x.dtype)
+        mean_sq = jnp.mean(x32 * x32, axis=tuple(range(-w.ndim, 0)), keepdims=True)
+        w = w.reshape((1,) * (x.ndim - w.ndim) + w.shape)
+        return (x32 * jax.lax.rsqrt(mean_sq + self.eps) * w).astype(x.dtype)
 
 
 def rope_frequencies(cfg: ModelConfig):
@@ -223,7 +229,10 @@ class Attention(nnx.Module):
             self.v_bias = _param(rngs, (k, d), ("kv_heads", "head_dim"), pd)
         if cfg.o_bias:
             self.o_bias = _param(rngs, (e,), ("embed",), pd)
-        if cfg.qk_norm:
+        if cfg.qk_norm and cfg.qk_norm_full:  # OLMo 2: over all heads of the projection
+            self.q_norm = RMSNorm((h, d), cfg.rms_norm_eps, ("heads", "head_dim"), pd, rngs)
+            self.k_norm = RMSNorm((k, d), cfg.rms_norm_eps, ("kv_heads", "head_dim"), pd, rngs)
+        elif cfg.qk_norm:  # Qwen3: per head
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs)
 
@@ -373,7 +382,13 @@ class MLP(nnx.Module):
 class DecoderLayer(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, index: int = 0):
         pd = DTYPES[cfg.param_dtype]
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
+        # pre-norm (Llama): norm -> sublayer -> add; post-norm (OLMo 2): sublayer -> norm -> add,
+        # `post_attn_norm` then normalising the attention's output, `post_mlp_norm` the MLP's
+        self.post_norm = cfg.post_norm
+        if cfg.post_norm:
+            self.post_mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
+        else:
+            self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
         self.attn = Attention(cfg, rngs)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
         self.sparse = cfg.is_sparse_layer(index)
@@ -385,18 +400,29 @@ class DecoderLayer(nnx.Module):
     def _mlp(self, x_BTE, experts_BTK):
         """The residual MLP; `(x_BTE, routing)`, routing `(logits_NX, experts_NK)` of a sparse
         layer (None for a dense one)."""
+        h_BTE = x_BTE if self.post_norm else self.post_attn_norm(x_BTE)
         if not self.sparse:
-            return x_BTE + self.mlp(self.post_attn_norm(x_BTE)), None
-        out_BTE, logits_NX, experts_NK = self.mlp(self.post_attn_norm(x_BTE), experts_BTK)
-        return x_BTE + out_BTE, (logits_NX, experts_NK)
+            out_BTE, routing = self.mlp(h_BTE), None
+        else:
+            out_BTE, logits_NX, experts_NK = self.mlp(h_BTE, experts_BTK)
+            routing = (logits_NX, experts_NK)
+        return x_BTE + (self.post_mlp_norm(out_BTE) if self.post_norm else out_BTE), routing
+
+    def attn_in(self, x_BTE):
+        """The attention's input (normed first in a pre-norm layer)."""
+        return x_BTE if self.post_norm else self.input_norm(x_BTE)
+
+    def attn_out(self, h_BTE):
+        """What the attention adds to the residual (normed first in a post-norm layer)."""
+        return self.post_attn_norm(h_BTE) if self.post_norm else h_BTE
 
     def __call__(self, x_BTE, rope, segment_ids_BT, experts_BTK=None):
-        x_BTE = x_BTE + self.attn(self.input_norm(x_BTE), rope, segment_ids_BT)
+        x_BTE = x_BTE + self.attn_out(self.attn(self.attn_in(x_BTE), rope, segment_ids_BT))
         return self._mlp(x_BTE, experts_BTK)
 
     def decode(self, x_BTE, rope, attend):
-        h, layer_cache = self.attn.decode(self.input_norm(x_BTE), rope, attend)
-        x_BTE, routing = self._mlp(x_BTE + h, None)
+        h, layer_cache = self.attn.decode(self.attn_in(x_BTE), rope, attend)
+        x_BTE, routing = self._mlp(x_BTE + self.attn_out(h), None)
         return x_BTE, layer_cache, routing
 
 

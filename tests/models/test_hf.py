@@ -48,6 +48,8 @@ ARCH_CASES = {
     "mistral": dict(),
     # a window longer than every sequence here: full attention, and the positions capped at it
     "mistral_window": dict(sliding_window=40),
+    "olmo2": dict(),  # post-norm layers, q/k norms over all heads
+    "olmo2_tied": dict(tie_word_embeddings=True, num_key_value_heads=4),
     "phi3": dict(),  # fused qkv_proj and gate_up_proj on disk
     "phi3_window_tied": dict(sliding_window=40, tie_word_embeddings=True),
     "qwen2": dict(),
@@ -72,7 +74,7 @@ def test_logits_match_transformers_on_padded_batch(case, tmp_path):
     np.testing.assert_allclose(out[valid], ref[valid], atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "phi3", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "olmo2", "phi3", "qwen2", "qwen3"])
 def test_save_then_transformers_load_gives_same_logits(arch, tmp_path):
     make_hf_model(arch, tmp_path / "src", seed=1)
     cfg, model = load_pretrained(tmp_path / "src")
@@ -233,3 +235,22 @@ def test_phi3_lora_adapters_are_refused_as_peft_and_export_merged(tmp_path):
     assert "model.layers.0.self_attn.qkv_proj.weight" in names
     assert "model.layers.0.mlp.gate_up_proj.weight" in names
     assert not any("q_proj" in n or "lora" in n for n in names)
+
+
+@pytest.mark.parametrize("arch", ["olmo2", "phi3", "mistral"])
+def test_greedy_generation_equals_transformers(arch, tmp_path):
+    """The engine's cached decode (prefill, then one token at a time) of the newer families,
+    token for token against `transformers.generate`."""
+    from jaxrl.generate import JaxEngine, SamplingParams, sample
+
+    hf = make_hf_model(arch, tmp_path, seed=3)
+    _, model = load_pretrained(tmp_path)
+    engine = JaxEngine(model, num_slots=2, max_len=32, chunk_steps=4)
+    prompts = [[5, 17, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
+    got = sample(engine, prompts, SamplingParams(max_tokens=8, temperature=0.0))
+    for prompt, c in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)),
+                              max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                              pad_token_id=0)
+        assert c.tokens == out[0, len(prompt):].tolist(), f"prompt of length {len(prompt)}"

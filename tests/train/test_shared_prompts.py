@@ -84,8 +84,11 @@ def test_plan_falls_back_where_nothing_is_shared():
     assert plan_prefix_layout(grpo_batch(n=2, prompts=(5, 9, 3, 7)), 8) is None
 
 
-@pytest.mark.parametrize("micro", [1, 2])
-def test_shared_logprobs_equal_the_full_forward(model_cfg, mesh, micro):
+@pytest.mark.parametrize("micro,olmo2", [(1, False), (2, False), (2, True)])
+def test_shared_logprobs_equal_the_full_forward(model_cfg, mesh, micro, olmo2):
+    if olmo2:  # post-norm layers with q/k norms over all heads
+        model_cfg = dataclasses.replace(model_cfg, architecture="olmo2", post_norm=True,
+                                        qk_norm=True, qk_norm_full=True)
     batch = pad_batch(grpo_batch(seed=1), 16, 32)
     planned = plan_prefix_layout(batch, micro, min_len=8)
     graphdef, _ = model_graphdef(model_cfg, CFG)
