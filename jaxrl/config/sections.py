@@ -24,6 +24,8 @@ AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
 Architecture = Literal["llama", "mistral", "mixtral", "olmo2", "phi3", "qwen2", "qwen3",
                        "qwen3_moe"]
 MOE_ARCHITECTURES = ("mixtral", "qwen3_moe")
+# checkpoints that may carry a sliding window, which caps max_position_embeddings (models/hf.py)
+WINDOWED_ARCHITECTURES = ("mistral", "mixtral", "phi3")
 KVLayout = Literal["contiguous", "paged"]
 # the generator's copy of the weights: as synced, weight-only int8, or int8 weights and per-token
 # int8 activations (jaxrl.models.quant)

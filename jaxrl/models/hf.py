@@ -25,6 +25,7 @@ from flax.traverse_util import flatten_dict
 from jax.sharding import Mesh
 
 from jaxrl.config import ConfigError, ModelConfig, RopeScaling
+from jaxrl.config.sections import WINDOWED_ARCHITECTURES
 from jaxrl.dtypes import canonical_dtype
 from jaxrl.models import hf_fused, hf_moe, lora
 from jaxrl.models.model import abstract_model
@@ -98,7 +99,7 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
         if float(partial) != 1.0:
             raise CheckpointError(f"partial_rotary_factor={partial} (rotary embedding on part "
                                   "of each head) is not supported; supported: 1.0")
-    if arch in ("mistral", "mixtral", "phi3") and hf.get("sliding_window"):
+    if arch in WINDOWED_ARCHITECTURES and hf.get("sliding_window"):
         # Within its window a sliding-window layer attends to every earlier token, as full
         # causal attention does: sequences up to the window are exact, so that is the limit.
         max_positions = min(max_positions, int(hf["sliding_window"]))
@@ -158,7 +159,7 @@ def config_to_hf(cfg: ModelConfig, dtype: Any = "float32") -> dict:
             raise CheckpointError("a Llama checkpoint needs qkv_bias == o_bias (attention_bias)")
         out["attention_bias"] = cfg.qkv_bias
         out["mlp_bias"] = False
-    if cfg.architecture in ("mistral", "mixtral", "phi3"):
+    if cfg.architecture in WINDOWED_ARCHITECTURES:
         if cfg.qkv_bias or cfg.o_bias or cfg.qk_norm:
             raise CheckpointError(f"a {arch} checkpoint has no attention biases or q/k norms")
         out["sliding_window"] = None  # full attention over max_position_embeddings (the window)
