@@ -71,7 +71,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: list, stopping: Stopping
     from jaxrl.controller.multiturn import build_runner
     from jaxrl.controller.pipeline import Pipeline
     from jaxrl.controller.rollouts import RolloutProducer
-    from jaxrl.controller.trace import TraceWriter
+    from jaxrl.trace import TraceWriter
     from jaxrl.data.pipeline import prompt_iterator
     from jaxrl.data.solve_rate import SolveRateTracker
     from jaxrl.data.tasks import build_task

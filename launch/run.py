@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
         from jaxrl.cpu import simulated_device_flags
 
         os.environ["XLA_FLAGS"] = simulated_device_flags()
-    from jaxrl.controller import progress
+    from jaxrl import progress
 
     progress.set_enabled(not args.quiet)
     import jaxrl.run

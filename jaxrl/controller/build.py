@@ -143,7 +143,7 @@ def initial_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes):
                                    dtype=model_cfg.param_dtype)
         return params_from_model(model), {}
     processes.check_sft_cached(cfg, model_cfg, tokenizer)
-    # SFT shows its own progress display (jaxrl.controller.progress): no second line per step
+    # SFT shows its own progress display (jaxrl.progress): no second line per step
     params, info = warm_start(model_cfg, cfg.data, mesh=mesh, tokenizer=tokenizer, task=task)
     if params is None:
         from jaxrl.models import create_model

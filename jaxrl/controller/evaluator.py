@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from jaxrl.controller.progress import Progress
+from jaxrl.progress import Progress
 from jaxrl.data.evaluate import eval_metrics
 
 

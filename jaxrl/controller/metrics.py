@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl.controller.progress import Progress
+from jaxrl.progress import Progress
 
 # The gap metrics every run reports (DESIGN.md). Others (loss/*, is/*, eval/*) come on top.
 REQUIRED = (

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl.controller.trace import TraceWriter
+from jaxrl.trace import TraceWriter
 from jaxrl.envs.base import Environment, Step, Tools, split_stops
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.generate.scheduler import Scheduler

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxrl.config.sections import PIPELINE_MODES, PipelineMode, ahead_for
-from jaxrl.controller.trace import TraceWriter
+from jaxrl.trace import TraceWriter
 
 log = logging.getLogger("jaxrl")
 

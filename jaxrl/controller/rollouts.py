@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxrl.controller.buffer import Group, Rollout, RolloutBuffer
 from jaxrl.controller.pipeline import Produced
-from jaxrl.controller.trace import TraceWriter
+from jaxrl.trace import TraceWriter
 from jaxrl.cpu import return_free_memory
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.generate.scheduler import Scheduler

@@ -33,7 +33,7 @@ from typing import Protocol
 
 import numpy as np
 
-from jaxrl.controller.trace import TraceWriter
+from jaxrl.trace import TraceWriter
 from jaxrl.planner.analytic import (
     MODES,
     ahead_of,

@@ -34,7 +34,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl.config import DataConfig, ModelConfig, TrainConfig, to_dict
-from jaxrl.controller.progress import Progress
+from jaxrl.progress import Progress
 from jaxrl.data.pipeline import PromptIterator
 from jaxrl.data.tasks import Task, build_task, resolve_format
 from jaxrl.rounding import round_up

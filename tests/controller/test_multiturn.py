@@ -173,7 +173,7 @@ class TwoTools(Ping):
 
 
 def test_each_tool_call_is_a_span_on_the_sandbox_track(engine, sessions):
-    from jaxrl.controller.trace import TraceWriter
+    from jaxrl.trace import TraceWriter
 
     trace = TraceWriter()
     runner = EpisodeRunner(Scheduler(engine), TOK, TwoTools, sessions=sessions, max_tokens=40,

@@ -142,7 +142,7 @@ def test_evaluation_shows_progress():
             return contextlib.nullcontext()
 
     stream = io.StringIO()
-    import jaxrl.controller.progress as progress
+    import jaxrl.progress as progress
 
     real = progress.Progress
 
@@ -165,7 +165,7 @@ def test_evaluation_shows_progress():
 
 
 def test_plain_progress_lines_and_quiet(monkeypatch):
-    from jaxrl.controller import progress
+    from jaxrl import progress
 
     out = io.StringIO()
     bar = progress.Progress("SFT", 4, stream=out)
@@ -235,7 +235,7 @@ def test_a_run_logs_the_before_rl_evaluation_at_step_0_and_samples(tmp_path, cap
 
 
 def test_terminal_gets_one_tqdm_bar_with_the_same_eta(clock):
-    from jaxrl.controller.progress import Progress
+    from jaxrl.progress import Progress
 
     class Terminal(io.StringIO):
         def isatty(self):

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxrl.controller.trace import ROLES
+from jaxrl.trace import ROLES
 from jaxrl.planner.analytic import MODES, predict
 from jaxrl.planner.hardware import get_hardware
 from jaxrl.planner.simulate import SimConfig, simulate, simulate_split

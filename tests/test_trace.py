@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from jaxrl.controller.trace import ROLES, TraceWriter, merge
+from jaxrl.trace import ROLES, TraceWriter, merge
 
 
 class FakeClock:
