@@ -31,7 +31,7 @@ from tinker_rl import is_datum  # beside this script (its directory is on sys.pa
 from jaxrl.config import load_config
 from jaxrl.data.tasks import build_task
 from jaxrl.rewards import RewardScorer
-from jaxrl.rewards.pool import LocalSandboxPool
+from jaxrl.sandbox.pool import LocalSandboxPool
 from jaxrl.tokenizers import load_tokenizer
 
 

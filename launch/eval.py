@@ -167,7 +167,7 @@ def main(argv: list[str]) -> int:
 
     from jaxrl.data.evaluate import pass_at_k_metrics
     from jaxrl.rewards import LocalSandboxPool
-    from jaxrl.rewards.code_tests import code_tests_batch
+    from jaxrl.rewards.code.tests import code_tests_batch
 
     items = [{**r, "completion": s} for r, ss in zip(problems, samples, strict=True) for s in ss]
     t1 = time.perf_counter()

@@ -44,7 +44,7 @@ def _warm_start_and_evaluate(cfg, export_dir: str | None) -> None:
     from jaxrl.controller.evaluator import evaluate
     from jaxrl.data.tasks import build_task
     from jaxrl.rewards import RewardScorer
-    from jaxrl.rewards.pool import LocalSandboxPool
+    from jaxrl.sandbox.pool import LocalSandboxPool
     from jaxrl.sharding import make_mesh
     from jaxrl.tokenizers import load_tokenizer
     from jaxrl.train.sft import sft_model, warm_start

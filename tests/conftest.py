@@ -28,7 +28,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from jaxrl.rewards.sandbox_plan import UID_BASE_ENV, default_uid_base  # noqa: E402
+from jaxrl.sandbox.plan import UID_BASE_ENV, default_uid_base  # noqa: E402
 
 _START = Path.cwd()
 _UID_BASE = default_uid_base()  # before a worker moves it: the controlling process's value

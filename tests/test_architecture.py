@@ -248,10 +248,11 @@ def test_the_in_function_ratio_check_can_fail(tmp_path):
 
 
 def test_data_is_a_leaf():
-    """`jaxrl.data` builds on the config and on the reward functions its tasks name (neither
-    imports anything above it); never on models, training, generation or the controller."""
+    """`jaxrl.data` builds on the config, the reward functions its tasks name and the sandbox they
+    run in (none imports anything above it); never on models, training, generation or the
+    controller."""
     graph = _graph()
-    below = ("jaxrl.data", "jaxrl.config", "jaxrl.rewards", "jaxrl.presets")
+    below = ("jaxrl.data", "jaxrl.config", "jaxrl.rewards", "jaxrl.sandbox", "jaxrl.presets")
     for name, deps in graph.items():
         if name == "jaxrl.data" or name.startswith("jaxrl.data."):
             outside = sorted(d for d in deps if not d.startswith(below) and d != "jaxrl")

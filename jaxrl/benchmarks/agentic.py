@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
         env_cls = env_class(tool, args.turns, (lo, hi), args.turn_tokens)
         sessions = None
         if tool == "python":
-            from jaxrl.rewards.sessions import SessionPool
+            from jaxrl.sandbox.session_pool import SessionPool
 
             sessions = SessionPool(args.episodes, tier=args.tier)
         try:

@@ -17,8 +17,8 @@ import collections
 import time
 
 from jaxrl.benchmarks.math_answer_set import ANSWER_SET, HELD_OUT
-from jaxrl.rewards import math_answer as ma
-from jaxrl.rewards.workers import KillableWorkers
+from jaxrl.rewards.math import answer as ma
+from jaxrl.sandbox.workers import KillableWorkers
 
 
 def _timed(completion: str, gold: str, backend: str) -> tuple[float, float]:

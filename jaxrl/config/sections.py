@@ -360,7 +360,7 @@ class RewardsConfig:
     backend: Literal["local", "ray"] = "local"
     address: str | None = None  # Ray: "auto", "ray://host:10001", or None to start a local Ray
     num_workers: int = 0  # sandbox slots; 0 = one per CPU core
-    tier: Literal["auto", "A", "B"] = "auto"  # isolation tier (see jaxrl.rewards.sandbox)
+    tier: Literal["auto", "A", "B"] = "auto"  # isolation tier (see jaxrl.sandbox.zygote)
     timeout_s: float = 5.0  # per reward item
     scorer_workers: int = 2  # killable processes for non-sandbox rewards (math checking)
 

@@ -37,7 +37,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxrl.rewards.code_tests import (
+from jaxrl.rewards.code.tests import (
     TestCase,
     code_tests_batch,
     extract_code,
@@ -46,7 +46,7 @@ from jaxrl.rewards.code_tests import (
     values_equal,
 )
 from jaxrl.rewards.rewards import register_reward
-from jaxrl.rewards.types import SandboxJob
+from jaxrl.sandbox.types import SandboxJob
 
 # difficulty level -> (depth, const_max, examples); DataConfig.pysynth_* override single knobs.
 LEVELS: dict[int, tuple[int, int, int]] = {0: (1, 3, 4), 1: (1, 9, 4), 2: (2, 5, 4), 3: (3, 9, 3)}

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from jaxrl.rewards.sessions import ENDINGS, SessionPool, ToolResult
+from jaxrl.sandbox.session_pool import ENDINGS, SessionPool, ToolResult
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,26 +1,9 @@
-"""jaxrl.rewards."""
+"""jaxrl.rewards: the reward registry and scorer (`rewards.py`), `code/` (the `code_tests` judge and
+test formats), `math/` (`math_answer`'s parsing); no jax. The sandbox runtime's names below are
+`jaxrl.sandbox`'s, also importable from here."""
 
-# Sandbox pools (stdlib only; RaySandboxPool imports ray lazily, on first attribute access).
-from jaxrl.rewards.pool import LocalSandboxPool
-from jaxrl.rewards.types import SandboxJob, SandboxResult
-
-__all__ = [  # noqa: F822 - RaySandboxPool comes from __getattr__
-    "LocalSandboxPool", "RaySandboxPool", "SandboxJob", "SandboxResult", "RewardBatch",
-    "RewardScorer", "RewardSpec", "RewardTerm", "get_reward", "register_reward", "reward_names",
-    "KillableWorkers", "RewardTimeout", "WorkerError",
-]
-
-
-def __getattr__(name: str):
-    if name == "RaySandboxPool":
-        from jaxrl.rewards.ray_pool import RaySandboxPool
-
-        return RaySandboxPool
-    raise AttributeError(f"module 'jaxrl.rewards' has no attribute {name!r}")
-
-
-# Rewards: registry, weighted combination, code_tests / math_answer / format (no jax imports).
-from jaxrl.rewards.rewards import (  # noqa: E402
+from jaxrl import sandbox as _sandbox
+from jaxrl.rewards.rewards import (
     RewardBatch,
     RewardScorer,
     RewardSpec,
@@ -29,4 +12,14 @@ from jaxrl.rewards.rewards import (  # noqa: E402
     register_reward,
     reward_names,
 )
-from jaxrl.rewards.workers import KillableWorkers, RewardTimeout, WorkerError  # noqa: E402
+
+_FROM_SANDBOX = ("LocalSandboxPool", "RaySandboxPool", "SandboxJob", "SandboxResult",
+                 "KillableWorkers", "RewardTimeout", "WorkerError")
+__all__ = [*_FROM_SANDBOX, "RewardBatch", "RewardScorer", "RewardSpec", "RewardTerm", "get_reward",
+           "register_reward", "reward_names"]
+
+
+def __getattr__(name: str):  # RaySandboxPool imports ray only when it is asked for
+    if name in _FROM_SANDBOX:
+        return getattr(_sandbox, name)
+    raise AttributeError(f"module 'jaxrl.rewards' has no attribute {name!r}")

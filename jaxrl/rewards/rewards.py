@@ -15,7 +15,7 @@ Fault tolerance: a reward that raises, returns a non-number, crashes its worker 
 deadline scores 0 for that item; the failure is logged and counted (`RewardBatch.errors` /
 `.timeouts` per call, `RewardScorer.metrics()` cumulative), and the run goes on. Rewards registered
 with `isolated=True` (the default, and so `math_answer` and `format`) run in killable worker
-processes (`jaxrl.rewards.workers`): a hang or a memory blow-up costs a worker, never the trainer.
+processes (`jaxrl.sandbox.workers`): a hang or a memory blow-up costs a worker, never the trainer.
 `isolated=False` runs in-process for cheap trusted code; it still cannot crash the run, but it
 cannot be timed out either.
 """
@@ -33,9 +33,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from jaxrl.rewards import code_tests as _code
-from jaxrl.rewards import math_answer as _math
-from jaxrl.rewards.workers import KillableWorkers, RewardTimeout
+from jaxrl.rewards.code import tests as _code
+from jaxrl.rewards.math import answer as _math
+from jaxrl.sandbox.workers import KillableWorkers, RewardTimeout
 
 log = logging.getLogger(__name__)
 
@@ -374,9 +374,9 @@ def code_tests(prompt: str, completion: str, *, tests=None, pool=None, **fields)
     """Fraction of the tests the completion's code passes in the sandbox (mode="all": 0 or 1).
 
     Tests: `tests`, or a dataset's own fields (HumanEval `test` + `entry_point` with `prompt`,
-    MBPP `test_list`, ...; see `code_formats.py`). Options: mode ("fraction" | "all"),
+    MBPP `test_list`, ...; see `code/formats.py`). Options: mode ("fraction" | "all"),
     test_timeout_s (per case), memory_mb, max_job_timeout_s (per completion), items_per_job.
-    See `code_tests.py`.
+    See `code/tests.py`.
     """
     option_names = ("mode", "test_timeout_s", "memory_mb", "max_job_timeout_s", "items_per_job")
     options = {k: fields.pop(k) for k in option_names if k in fields}
@@ -446,7 +446,7 @@ def math_answer(
 ) -> float:
     """1.0 if the final answer (last \\boxed{}, else `#### N`, else last number) equals `answer`.
 
-    Options (see `math_answer.py`): backend ("auto" | "sympy" | "math_verify"), units ("strip" |
+    Options (see `math/answer.py`): backend ("auto" | "sympy" | "math_verify"), units ("strip" |
     "keep"), percent ("strip" | "value" | "keep"), rel_tol (decimals), max_answer_chars. Runs in a
     killable worker (deadline `timeout_s`); a timeout raises `RewardTimeout`.
     """

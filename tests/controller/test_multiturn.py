@@ -132,7 +132,7 @@ def test_token_budget_ends_an_episode(engine):
 
 @pytest.fixture(scope="module")
 def sessions():
-    from jaxrl.rewards.sessions import SessionPool
+    from jaxrl.sandbox.session_pool import SessionPool
 
     with SessionPool(2) as pool:
         yield pool

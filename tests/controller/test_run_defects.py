@@ -81,12 +81,12 @@ def test_skipped_update_keeps_checkpoints_on_pipeline_steps(tmp_path, monkeypatc
 @pytest.mark.slow
 def test_sft_launcher_starts_no_sandbox_pool_for_a_task_without_code(tmp_path, monkeypatch,
                                                                     capsys):
-    import jaxrl.rewards.pool
+    import jaxrl.sandbox.pool
 
     def no_pool(*a, **k):
         raise AssertionError("a sandbox pool was started for a task whose rewards run no code")
 
-    monkeypatch.setattr(jaxrl.rewards.pool, "LocalSandboxPool", no_pool)
+    monkeypatch.setattr(jaxrl.sandbox.pool, "LocalSandboxPool", no_pool)
     module = runpy.run_path(str(ROOT / "launch" / "sft.py"), run_name="launch_sft")
     module["main"]([str(ROOT / "configs" / "arith.py"), "--data.sft.steps=2",
                     "--data.sft.batch_size=4", "--data.sft.cache=false", "--data.eval_size=2",

@@ -15,7 +15,7 @@ from jaxrl.tokenizers import CharTokenizer
 
 @pytest.fixture(scope="module")
 def pool():
-    from jaxrl.rewards.pool import LocalSandboxPool
+    from jaxrl.sandbox.pool import LocalSandboxPool
 
     with LocalSandboxPool(num_workers=2) as p:
         print(f"sandbox tier: {p.tier}")
@@ -114,7 +114,7 @@ def test_pysynth_one_job_for_many_expressions(pool):
 
 
 def test_pysynth_failed_shared_job_is_retried_per_candidate(pool):
-    from jaxrl.rewards.types import SandboxResult
+    from jaxrl.sandbox.types import SandboxResult
 
     class FlakyPool:
         def __init__(self):

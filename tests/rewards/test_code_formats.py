@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from jaxrl.rewards.code_formats import build_spec
-from jaxrl.rewards.code_tests import code_tests_batch
+from jaxrl.rewards.code.formats import build_spec
+from jaxrl.rewards.code.tests import code_tests_batch
 
 
 @pytest.fixture(scope="module")

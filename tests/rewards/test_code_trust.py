@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from jaxrl.rewards.code_tests import code_tests_batch
+from jaxrl.rewards.code.tests import code_tests_batch
 
 
 def _pool(tier):
@@ -373,7 +373,7 @@ def test_neighbours_test_data_is_not_in_a_candidates_memory(pool):
 
 
 def test_a_sandbox_that_cannot_start_python_is_an_error_not_a_zero(pool, monkeypatch):
-    from jaxrl.rewards import code_harness
+    from jaxrl.rewards.code import harness as code_harness
 
     broken = code_harness.JUDGE_SRC.replace("self.exe = sys.executable",
                                             "self.exe = '/nonexistent/python'")

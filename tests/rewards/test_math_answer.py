@@ -10,10 +10,10 @@ import time
 import pytest
 
 from jaxrl.benchmarks.math_answer_set import ANSWER_SET, HELD_OUT
-from jaxrl.rewards import math_answer as ma
-from jaxrl.rewards import math_latex as ml
+from jaxrl.rewards.math import answer as ma
+from jaxrl.rewards.math import latex as ml
 from jaxrl.rewards.rewards import RewardScorer, RewardSpec, RewardTerm
-from jaxrl.rewards.workers import KillableWorkers
+from jaxrl.sandbox.workers import KillableWorkers
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from jaxrl.rewards import math_answer as ma
+from jaxrl.rewards.math import answer as ma
 from jaxrl.rewards.rewards import RewardScorer, RewardSpec
-from jaxrl.rewards.workers import KillableWorkers
+from jaxrl.sandbox.workers import KillableWorkers
 
 FINITE_GOLDS = ["3", "2.5", "-0.5", "0", "1", "1/3", "\\frac{\\sqrt{2}}{2}", "1000000", "x+1"]
 
@@ -201,7 +201,7 @@ def test_slow_check_is_killed_at_the_deadline_and_the_worker_replaced():
 
 
 def test_size_limits_are_where_documented():
-    from jaxrl.rewards import math_parse as ml
+    from jaxrl.rewards.math import parse as ml
 
     assert ml.parse_answer("10^{4999}").value == 10**4999
     for big in ("10^{5001}", "2^{20000}", "x^{65}", "1001!", "\\sqrt[101]{2}"):

@@ -75,7 +75,7 @@ def test_cache_is_keyed_atomic_and_reused(tmp_path, mesh, monkeypatch):
 def test_short_sft_lowers_loss_and_solves_some_held_out_problems(mesh):
     from jaxrl.controller.evaluator import evaluate
     from jaxrl.rewards import RewardScorer
-    from jaxrl.rewards.pool import LocalSandboxPool
+    from jaxrl.sandbox.pool import LocalSandboxPool
 
     model_cfg = tiny_model_config(max_position_embeddings=128)
     cfg = DataConfig(task="pysynth", difficulty=0, eval_size=32, pass_k=4, max_new_tokens=12,

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from jaxrl.rewards import LocalSandboxPool, SandboxJob
+from jaxrl.sandbox import LocalSandboxPool, SandboxJob
 
 SECRET = "jaxrl-secret-" + secrets.token_hex(8)
 SECRET_ENV = "JAXRL_HOSTILE_TEST_SECRET"

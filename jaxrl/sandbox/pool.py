@@ -5,10 +5,9 @@
         future = pool.submit(jobs)                           # concurrent.futures.Future[list]
         pool.stats()                                         # tier, restarts, p50s, timeouts
 
-The zygote lives in `jaxrl/rewards/sandbox.py`, tier planning in `sandbox_plan.py`. This module is
-the trusted side: it picks the tier (a probe, logged), leases a non-root uid per slot when running
-as root, starts and restarts zygotes, and measures queue wait, start latency and execution time
-separately. A job never
+The zygote lives in `zygote.py`, tier planning in `plan.py`. This module is the trusted side: it
+picks the tier (a probe, logged), leases a non-root uid per slot when running as root, starts and
+restarts zygotes, and measures queue wait, start latency and execution time separately. A job never
 hangs the pool: the reply has a deadline, a dead or silent zygote is killed and replaced, and the
 job reports "killed".
 """
@@ -28,18 +27,17 @@ import tempfile
 import threading
 import time
 
-from jaxrl.rewards import sandbox as sb
-from jaxrl.rewards.sandbox_plan import (  # noqa: F401 - _cleanup_plans: used by ray_pool
+from jaxrl.sandbox import zygote as sb
+from jaxrl.sandbox.plan import (
     _PLANS,
     TierPlan,
     UidLease,
-    _cleanup_plans,
     default_uid_base,
     kill_uid,
     make_plan,
     zygote_command,
 )
-from jaxrl.rewards.types import MAX_OUTPUT_CAP, SandboxJob, SandboxResult, validate_jobs
+from jaxrl.sandbox.types import MAX_OUTPUT_CAP, SandboxJob, SandboxResult, validate_jobs
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Stateful tool sessions (jaxrl/rewards/sessions.py) with real hostile programs, tiers A and B.
+"""Stateful tool sessions (jaxrl/sandbox/session_pool.py) with real hostile programs, tiers A and B.
 
 Each hostile cell bounds itself (a deadline) so that it stops even if the session were not killed;
 the call timeouts are far below those bounds. After each one: the session is closed and counted,
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from jaxrl.rewards.sessions import SessionPool
-from tests.rewards.hostile_helpers import _proc_table, _user_namespaces_work
+from jaxrl.sandbox.session_pool import SessionPool
+from tests.sandbox.hostile_helpers import _proc_table, _user_namespaces_work
 
 
 def _pool(tier: str, slots: int) -> SessionPool:

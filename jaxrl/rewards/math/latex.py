@@ -3,7 +3,7 @@
 `extract_answer` picks the final answer out of a completion (last `\\boxed{}`, GSM8K `#### N`, last
 number); `normalize` strips what does not change an answer's value (LaTeX wrappers and spacing,
 units and `%` as configured, `x = ` before the value, thousands separators). The normalised text
-goes to `math_parse.parse_answer`.
+goes to `parse.parse_answer`.
 """
 
 from __future__ import annotations

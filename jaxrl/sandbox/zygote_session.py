@@ -1,9 +1,9 @@
 """Stateful sessions inside a zygote: a Python REPL per episode; its variables persist across calls.
 
-Stdlib-only and part of the zygote program (`sandbox.zygote_program` loads it after `sandbox.py`);
-the trusted side is `jaxrl/rewards/sessions.py`. A zygote holds at most one session at a time, so a
-session is isolated from every other exactly as a stateless job is (its own slot uid, or its own
-namespaces in tier A).
+Stdlib-only and part of the zygote program (`zygote.zygote_program` loads it before `zygote.py`);
+the trusted side is `jaxrl/sandbox/session_pool.py`. A zygote holds at most one session at a time,
+so a session is isolated from every other exactly as a stateless job is (its own slot uid, or its
+own namespaces in tier A).
 
 Wire: the pool sends marshal'd specs with a "session" key on the zygote's fd 0:
 
@@ -31,7 +31,7 @@ MAX_CELL_BYTES = 1 << 20
 
 
 def repl(sb, cmd_fd: int = 3, ctl_fd: int = 4) -> None:
-    """The session process's loop (`sb`: the sandbox module): one cell per frame on `cmd_fd`,
+    """The session process's loop (`sb`: the zygote module): one cell per frame on `cmd_fd`,
     run in one persistent namespace; a final expression's value is printed, as an interactive
     interpreter does."""
     import ast
@@ -74,8 +74,8 @@ def repl(sb, cmd_fd: int = 3, ctl_fd: int = 4) -> None:
 class SessionHost:
     """The zygote's side of its (at most one) open session."""
 
-    def __init__(self, zygote, sandbox_module):
-        self.z, self.sb = zygote, sandbox_module
+    def __init__(self, zygote, zygote_module):
+        self.z, self.sb = zygote, zygote_module
         self.pid = self.pidfd = None
         self.fds: dict[str, int] = {}
 

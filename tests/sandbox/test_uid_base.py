@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxrl.rewards import LocalSandboxPool
-from jaxrl.rewards.sandbox_plan import UID_BASE_ENV, UidLease, default_uid_base
+from jaxrl.sandbox import LocalSandboxPool
+from jaxrl.sandbox.plan import UID_BASE_ENV, UidLease, default_uid_base
 
 
 def test_default_and_override(monkeypatch):

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from jaxrl.rewards import LocalSandboxPool, SandboxJob
-from jaxrl.rewards import pool as pool_mod
+from jaxrl.sandbox import LocalSandboxPool, SandboxJob
+from jaxrl.sandbox import pool as pool_mod
 
 
 def _tier_a_reason() -> str | None:
@@ -382,7 +382,7 @@ def test_concurrent_jobs_cannot_talk(tier):
 
 OWNER = """
 import sys, time
-from jaxrl.rewards import LocalSandboxPool, SandboxJob
+from jaxrl.sandbox import LocalSandboxPool, SandboxJob
 job = SandboxJob(timeout_s=60, code='''
 import os, time
 if os.fork() == 0:

@@ -1,4 +1,4 @@
-"""Programs that run inside the sandbox for `code_tests` (built into jobs by `code_harness`).
+"""Programs that run inside the sandbox for `code_tests` (built into jobs by `harness`).
 
 JUDGE_SRC is the job: it never loads a candidate's code. For each item of the job (a completion
 and its tests) it gets a candidate process that only computes values (BOOT_SRC), runs the item's
@@ -13,7 +13,7 @@ every process it left. Design and the threat model: docs/sandbox.md.
 
 from __future__ import annotations
 
-from jaxrl.rewards.code_wire import CODEC_SRC
+from jaxrl.rewards.code.wire import CODEC_SRC
 
 # The candidate's process: `python -I -S -c BOOT calls`. Its source is on fd 3 (a memfd),
 # requests on fd 4, replies on fd 5; fds 0-2 are /dev/null.

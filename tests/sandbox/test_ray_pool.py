@@ -15,7 +15,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'jaxrl[ray]')")
 
 from jaxrl.rewards import RaySandboxPool, SandboxJob  # noqa: E402
-from jaxrl.rewards import pool as pool_mod  # noqa: E402
+from jaxrl.sandbox import pool as pool_mod  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a local Ray cluster takes ~10-20 s to start on 2 busy cores
 

@@ -1,6 +1,6 @@
 """The `code_tests` reward: run a completion's code against its tests in the sandbox pool.
 
-Test code and function cases: judge jobs (`code_harness`, `code_judge`): each candidate runs in
+Test code and function cases: judge jobs (`harness`, `judge`): each candidate runs in
 a process of its own that only computes values (forked from a fork server that never held test
 data, or a fresh interpreter), and a clean judge process, which never loads a candidate's code,
 runs the test code (with proxies standing in for the candidate's functions), compares, and
@@ -8,7 +8,7 @@ writes the verdicts on a channel no candidate can reach; the trusted side here o
 `<item> <case> pass|fail` lines.
 Stdin/stdout cases: one plain job per case; the expected output never enters the sandbox and the
 normalised stdout is compared here (bounded: stdout is capped by the pool). Test formats: see
-`code_formats` (HumanEval, MBPP, stdin/stdout pairs as in APPS / CodeContests / LiveCodeBench,
+`formats` (HumanEval, MBPP, stdin/stdout pairs as in APPS / CodeContests / LiveCodeBench,
 function calls, assert lists). The exit status is never a verdict.
 
 `TestCase`, `harness_source`, `parse_harness_output` and `values_equal` are the older
@@ -26,8 +26,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxrl.rewards import code_formats, code_harness
-from jaxrl.rewards.types import MAX_CODE_BYTES, SandboxJob, SandboxResult
+from jaxrl.rewards.code import formats, harness
+from jaxrl.sandbox.types import MAX_CODE_BYTES, SandboxJob, SandboxResult
 
 MODES = ("fraction", "all")
 _CODE_BLOCK_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -211,7 +211,7 @@ def code_tests_batch(
     totals = [0] * len(items)
     for k, item in enumerate(items):
         try:
-            spec = code_formats.build_spec(item, extract_code(str(item.get("completion", ""))))
+            spec = formats.build_spec(item, extract_code(str(item.get("completion", ""))))
         except Exception as e:  # noqa: BLE001 - a bad spec is this item's error only
             out[k] = e
             continue
@@ -225,10 +225,10 @@ def code_tests_batch(
         if cases:
             judged.append({**spec, "cases": cases})
             judged_ids.append(k)
-    per_job = items_per_job or code_harness.auto_per_job(
+    per_job = items_per_job or harness.auto_per_job(
         len(judged), getattr(pool, "num_workers", None))
     kw = dict(timeout_s=test_timeout_s, memory_mb=memory_mb, max_item_timeout_s=max_job_timeout_s)
-    jobs, groups = code_harness.judge_jobs(judged, per_job=per_job, **kw)
+    jobs, groups = harness.judge_jobs(judged, per_job=per_job, **kw)
     for job, group in zip(jobs, groups, strict=True):
         if len(job.code) > MAX_CODE_BYTES:
             for i in group:
@@ -244,7 +244,7 @@ def code_tests_batch(
     for (_, group), res in zip(ok_jobs, results[len(stdio_jobs):], strict=True):
         rerun += _count(res, group, judged, judged_ids, passed, out)
     if rerun:  # a job died before these items started: each alone, so no neighbour can hurt it
-        jobs, groups = code_harness.judge_jobs([judged[i] for i in rerun], per_job=1, **kw)
+        jobs, groups = harness.judge_jobs([judged[i] for i in rerun], per_job=1, **kw)
         for res, group in zip(_run(pool, jobs), groups, strict=True):
             _count(res, [rerun[group[0]]], judged, judged_ids, passed, out)
     for k in range(len(items)):
@@ -267,7 +267,7 @@ def _count(res: SandboxResult, group: list[int], judged: list[dict], judged_ids:
            passed: list[int], out: list) -> list[int]:
     """Adds a judge job's passes into `passed`; returns the items it never started (when it
     judged more than one)."""
-    verdicts = code_harness.parse_verdicts(res.stdout, [len(judged[i]["cases"]) for i in group])
+    verdicts = harness.parse_verdicts(res.stdout, [len(judged[i]["cases"]) for i in group])
     not_started = []
     for i, v in zip(group, verdicts, strict=True):
         k = judged_ids[i]

@@ -3,7 +3,7 @@
 `make_plan` decides what a tier needs here (bubblewrap and its binds, staging of an interpreter
 the slot uids cannot reach, the tier-B job dirs), `zygote_command` turns a plan into the argv that
 starts one zygote, `UidLease` gives each slot its own unprivileged uid when running as root. No
-process is started here; `jaxrl.rewards.pool` starts, probes and restarts zygotes.
+process is started here; `jaxrl.sandbox.pool` starts, probes and restarts zygotes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 
-from jaxrl.rewards import sandbox as sb
+from jaxrl.sandbox import zygote as sb
 
 TMP_MB, SHM_MB = 256, 64  # private /tmp (job dir included) and /dev/shm per slot; count as memory
 PREIMPORT = ("math", "re", "json", "collections", "itertools", "functools", "heapq", "bisect",

@@ -15,11 +15,13 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
+import socket
 import threading
 import time
 
-from jaxrl.rewards.pool import PoolStats, metrics, validate_jobs
-from jaxrl.rewards.types import SandboxJob, SandboxResult
+from jaxrl.sandbox.plan import _cleanup_plans
+from jaxrl.sandbox.pool import LocalSandboxPool, PoolStats, metrics, validate_jobs
+from jaxrl.sandbox.types import SandboxJob, SandboxResult
 
 
 def _import_ray():
@@ -34,13 +36,9 @@ class _SandboxActor:
     """Runs inside a Ray worker process: one warm zygote slot."""
 
     def __init__(self, tier: str):
-        from jaxrl.rewards.pool import LocalSandboxPool
-
         self.pool = LocalSandboxPool(num_workers=1, tier=tier)
 
     def info(self) -> dict:
-        import socket
-
         return dict(tier=self.pool.tier, detail=self.pool.tier_detail, host=socket.gethostname(),
                     uids=self.pool.slot_uids)
 
@@ -51,10 +49,8 @@ class _SandboxActor:
         return self.pool.stats()
 
     def close(self) -> None:
-        from jaxrl.rewards import pool
-
         self.pool.close()
-        pool._cleanup_plans()  # the actor is killed next: no exit handlers run there
+        _cleanup_plans()  # the actor is killed next: no exit handlers run there
 
 
 class RaySandboxPool:

@@ -1,4 +1,4 @@
-"""Test formats of `code_tests`: public datasets' own fields -> the judge's spec (code_harness).
+"""Test formats of `code_tests`: public datasets' own fields -> the judge's spec (`harness`).
 
 Accepted, in the item's `tests` field (a JSON string of any of these too) or as the dataset's own
 top-level fields when `tests` is absent:
@@ -28,7 +28,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxrl.rewards.code_wire import encode
+from jaxrl.rewards.code.wire import encode
 
 AUTO_IMPORTS = ("math", "cmath", "re", "json", "collections", "itertools", "functools", "heapq",
                 "bisect", "string", "random", "fractions", "decimal", "statistics", "typing",

@@ -1,4 +1,4 @@
-"""sandbox_kernel's tree removal on the host: depth, locked directories, links it must not follow.
+"""`syscalls`' tree removal on the host: depth, locked directories, links it must not follow.
 
 (The same code runs in the zygote after each job; test_hostile_slot.py checks it there.)
 """
@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from jaxrl.rewards import sandbox_kernel as kernel
+from jaxrl.sandbox import syscalls as kernel
 
 
 def _nest(top: str, depth: int) -> None:

@@ -19,8 +19,8 @@ import typing
 
 import pytest
 
-from jaxrl.rewards import LocalSandboxPool, SandboxJob, SandboxResult, sandbox, types
-from jaxrl.rewards import pool as pool_mod
+from jaxrl.sandbox import LocalSandboxPool, SandboxJob, SandboxResult, types, zygote
+from jaxrl.sandbox import pool as pool_mod
 
 
 def _tier_a_reason() -> str | None:
@@ -257,7 +257,7 @@ def test_tier_is_logged(caplog):
     saved = dict(pool_mod._PROBED)
     pool_mod._PROBED.clear()
     try:
-        with caplog.at_level(logging.INFO, logger="jaxrl.rewards.pool"):
+        with caplog.at_level(logging.INFO, logger="jaxrl.sandbox.pool"):
             with LocalSandboxPool(num_workers=1) as pool:
                 assert pool.tier in ("A", "B")
                 assert pool.stats()["tier"] == pool.tier
@@ -297,7 +297,7 @@ def test_host_filesystem_read_only(pool):
 
 UNPRIVILEGED_CHECK = """
 import os, time
-from jaxrl.rewards import LocalSandboxPool, SandboxJob
+from jaxrl.sandbox import LocalSandboxPool, SandboxJob
 with LocalSandboxPool(num_workers=1, tier={tier!r}) as pool:
     assert pool.slot_uids == [], pool.slot_uids
     r, t = pool.run([
@@ -376,5 +376,5 @@ def test_slot_retired_when_the_wipe_fails(monkeypatch):
 
 
 def test_statuses_defined_once():
-    assert typing.get_args(types.Status) == types.STATUSES == sandbox.STATUSES
-    assert types.STATUSES is sandbox.STATUSES
+    assert typing.get_args(types.Status) == types.STATUSES == zygote.STATUSES
+    assert types.STATUSES is zygote.STATUSES

@@ -37,7 +37,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_ENTRY = "from jaxrl.rewards.workers import _worker_entry; _worker_entry()"
+_ENTRY = "from jaxrl.sandbox.workers import _worker_entry; _worker_entry()"
 
 
 class WorkerError(Exception):

@@ -1,7 +1,7 @@
 """A bounded parser for the LaTeX that math answers use, building sympy values directly.
 
-`parse_answer` turns a normalised answer (`math_latex.normalize`) into values for
-`math_answer.values_equal`:
+`parse_answer` turns a normalised answer (`latex.normalize`) into values for
+`answer.values_equal`:
 
   * a sympy expression (numbers are exact Rationals; `inexact` records a decimal point, which
     switches the comparison to a relative tolerance);

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from jaxrl.rewards.sandbox import STATUSES, check_job_path
+from jaxrl.sandbox.zygote import STATUSES, check_job_path
 
 __all__ = ["STATUSES", "MAX_CODE_BYTES", "MAX_OUTPUT_CAP", "SandboxJob", "SandboxResult",
            "Status", "validate_jobs"]
 
-Status = Literal["ok", "error", "timeout", "oom", "killed", "output_limit"]  # == sandbox.STATUSES
+Status = Literal["ok", "error", "timeout", "oom", "killed", "output_limit"]  # == zygote.STATUSES
 MAX_CODE_BYTES = 4 << 20  # characters of `SandboxJob.code`
 MAX_OUTPUT_CAP = 64 << 20  # the largest allowed `SandboxJob.max_output_bytes`
 

@@ -1,10 +1,10 @@
 """The trusted side of the `code_tests` harness: building judge jobs and reading their verdicts.
 
 The programs that run in the sandbox (the judge, the candidate bootstrap, the fork server and
-the wire format of values) are in `code_judge`; how they keep the verdict out of the candidate's
+the wire format of values) are in `judge`; how they keep the verdict out of the candidate's
 reach is in its docstring and in docs/sandbox.md. Here:
 
-  * `judge_jobs` packs items (a completion + its tests, from `code_formats.build_spec`) into judge
+  * `judge_jobs` packs items (a completion + its tests, from `formats.build_spec`) into judge
     jobs: at most `per_job` items each, never two items with the same tests in one job (the items
     of one job share a sandbox, and a candidate that sabotaged its neighbours must not be able to
     hurt the other samples of its own prompt);
@@ -22,8 +22,8 @@ import re
 import sys
 from collections.abc import Sequence
 
-from jaxrl.rewards.code_judge import BOOT_SRC, JUDGE_SRC, SERVER_SRC
-from jaxrl.rewards.types import MAX_CODE_BYTES, SandboxJob
+from jaxrl.rewards.code.judge import BOOT_SRC, JUDGE_SRC, SERVER_SRC
+from jaxrl.sandbox.types import MAX_CODE_BYTES, SandboxJob
 
 MAX_ITEMS_PER_JOB = 16  # the judge holds 5 fds per item at the start (RLIMIT_NOFILE is 256)
 
@@ -47,7 +47,7 @@ _LINE_RE = re.compile(r"(\d{1,4}) (-[12]|\d{1,7}) (pass|fail) ?(.{0,400})|(start
 
 def judge_source(items: Sequence[dict], *, timeout_s: float, max_reply_bytes: int = 8 << 20
                  ) -> str:
-    """The sandbox program judging `items` (specs from `code_formats.build_spec`) in turn."""
+    """The sandbox program judging `items` (specs from `formats.build_spec`) in turn."""
     global _judge_code
     if _judge_code is None:
         _judge_code = marshal.dumps(compile(JUDGE_SRC, "<judge>", "exec", dont_inherit=True))

@@ -1,17 +1,17 @@
 """Sandbox isolation: the warm fork-server ("zygote") that runs untrusted jobs, and its wire format.
 
-This file and `sandbox_kernel.py` are stdlib-only and are ALSO the zygote program: the pool runs
-`python -I -S -c <zygote_program()> zygote <config json>` (inside bubblewrap in tier A), where the
-program carries both sources, so nothing here may import jaxrl, jax or numpy.
+This file, `syscalls.py` and `zygote_session.py` are stdlib-only and are ALSO the zygote program:
+the pool runs `python -I -S -c <zygote_program()> zygote <config json>` (inside bubblewrap in tier
+A), where the program carries their sources, so nothing here may import jaxrl, jax or numpy.
 
-Tiers (strongest first; `jaxrl.rewards.pool.probe` picks one, `sandbox_plan.make_plan` plans it):
+Tiers (strongest first; `jaxrl.sandbox.pool.probe` picks one, `plan.make_plan` plans it):
   A  bubblewrap: user/pid/net/ipc/uts namespaces, read-only binds of the runtime only, a read-only
      /dev, a size-capped private /tmp and /dev/shm, empty environment, the zygote as PID 1 of the
      pid namespace. When the pool runs as root, bwrap is started as a per-slot unprivileged uid
      (root stays root outside).
   B  no user namespaces: the zygote drops each job to the slot's uid (when root), applies rlimits
      and the seccomp filter; leftovers are swept by uid (root) or as reparented children.
-Both tiers: seccomp (see `sandbox_kernel.seccomp_program`), no_new_privs; the zygote is not
+Both tiers: seccomp (see `syscalls.seccomp_program`), no_new_privs; the zygote is not
 dumpable (jobs cannot ptrace it).
 
 Per job the zygote forks a child (setsid, rlimits AS/CPU/FSIZE/NOFILE/NPROC/CORE, private job dir,
@@ -29,10 +29,11 @@ import sys
 from time import monotonic as _now
 from time import sleep as _sleep
 
-if __package__:  # imported by the trusted side as jaxrl.rewards.sandbox
-    from . import sandbox_kernel as kernel
-else:  # the zygote program: `zygote_program` loaded it as a top-level module first
-    import sandbox_kernel as kernel
+if __package__:  # imported by the trusted side as jaxrl.sandbox.zygote
+    from . import syscalls, zygote_session
+else:  # the zygote program: `zygote_program` loaded them as top-level modules first
+    import syscalls
+    import zygote_session
 
 # ----------------------------------------------------------------------------- wire format
 STATUSES = ("ok", "error", "timeout", "oom", "killed", "output_limit")
@@ -96,16 +97,16 @@ class Zygote:
             except Exception:  # noqa: BLE001 - a missing optional module is not an error
                 pass
         if self.pid1:  # tier A: the pid namespace (every job process) dies with us
-            kernel.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            syscalls.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         else:  # the owner died: kill the job tree, then exit (the jobs are in no namespace)
             signal.signal(signal.SIGTERM, self.owner_gone)
-            kernel.prctl(1, signal.SIGTERM)
+            syscalls.prctl(1, signal.SIGTERM)
             if os.getppid() != cfg.get("owner", os.getppid()):
                 os._exit(3)  # the pool died before we set the death signal
-        kernel.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of a job come back to us
+        syscalls.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of a job come back to us
         if cfg.get("private_mounts"):  # tier B as root: before seccomp, which denies mount
             try:
-                kernel.private_mounts(**cfg["private_mounts"])
+                syscalls.private_mounts(**cfg["private_mounts"])
                 cfg.update(jobdir="/tmp/job", sweep_owned=[], prefix_fd_path=None,
                            wipe=["/tmp", "/var/tmp", "/dev/shm", *cfg.get("wipe", ())])
                 self.notes.append("private mounts: read-only host, own /tmp /dev/shm, hidepid")
@@ -118,10 +119,10 @@ class Zygote:
             os.close(fd)
             pre, via = cfg["prefix_fd_path"].rstrip("/"), f"/proc/self/fd/{self.PREFIX_FD}"
             self.sys_path = [via + p[len(pre):] if p.startswith(pre) else p for p in sys.path]
-        kernel.prctl(4, 0)  # not dumpable: jobs (same uid in tier A) cannot ptrace us
+        syscalls.prctl(4, 0)  # not dumpable: jobs (same uid in tier A) cannot ptrace us
         if cfg.get("seccomp", True):
             try:
-                self.notes.append(kernel.apply_seccomp(cfg.get("allow_unix_sockets", False)))
+                self.notes.append(syscalls.apply_seccomp(cfg.get("allow_unix_sockets", False)))
             except (OSError, ValueError) as e:
                 self.notes.append(f"seccomp unavailable: {e}")
         if self.uid >= 0:
@@ -164,7 +165,7 @@ class Zygote:
             except EOFError:
                 return
             t_recv = _now()
-            if "session" in spec:  # a stateful session (sandbox_session.py); same isolation
+            if "session" in spec:  # a stateful session (zygote_session.py); same isolation
                 write_frame(1, self.session_op(spec))
                 if self.leftovers:
                     return
@@ -182,11 +183,7 @@ class Zygote:
 
     def session_op(self, spec: dict) -> bytes:
         if self.sessions is None:
-            import importlib  # not an import statement: sandbox_session needs this module
-
-            ss = importlib.import_module(f"{__package__}.sandbox_session" if __package__
-                                         else "sandbox_session")
-            self.sessions = ss.SessionHost(self, sys.modules[__name__])
+            self.sessions = zygote_session.SessionHost(self, sys.modules[__name__])
         return self.sessions.handle(spec)
 
     def owner_gone(self, *_) -> None:
@@ -350,14 +347,14 @@ class Zygote:
             try:
                 fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
                 try:
-                    kernel.remove_entry(fd, name)
+                    syscalls.remove_entry(fd, name)
                 finally:
                     os.close(fd)
             except OSError:
                 pass
         left += [jobdir] if os.path.lexists(jobdir) else []
         for d, keep in self.scratch.items():  # the private /tmp, /dev/shm (and /dev)
-            left += kernel.empty_dir(d, keep)
+            left += syscalls.empty_dir(d, keep)
         for d, before in zip(self.owned_dirs, self.mtimes, strict=False):
             if _mtime(d) != before:  # tier B: what the slot uid left in the host's /tmp etc.
                 left += self.remove_owned(d)
@@ -373,7 +370,7 @@ class Zygote:
             for entry in os.scandir(fd):
                 try:
                     if entry.stat(follow_symlinks=False).st_uid == self.uid:
-                        kernel.remove_entry(fd, entry.name)
+                        syscalls.remove_entry(fd, entry.name)
                 except OSError:
                     left.append(f"{d}/{entry.name}")
         finally:
@@ -393,9 +390,9 @@ class Zygote:
                 os.setresgid(self.gid, self.gid, self.gid)
                 os.setresuid(self.uid, self.uid, self.uid)
                 if self.cfg.get("prefix_fd_path"):
-                    kernel.prctl(4, 1)  # dumpable again, so /proc/self/fd works for the prefix fd
+                    syscalls.prctl(4, 1)  # dumpable again, so /proc/self/fd works for the prefix fd
             if not self.pid1:  # no pid namespace: die with the zygote (set after the uid change,
-                kernel.prctl(1, self.signal.SIGKILL)  # which clears it)
+                syscalls.prctl(1, self.signal.SIGKILL)  # which clears it)
             res, timeout = self.resource, spec["timeout_s"]
             cpu = int(timeout) + 1
             mem = spec["memory_mb"] << 20
@@ -419,7 +416,7 @@ class Zygote:
             if spec["stdin"]:
                 os.write(stdin, spec["stdin"])
                 os.lseek(stdin, 0, os.SEEK_SET)
-            high = [kernel.dup_above(fd, 64) for fd in extra_fds]  # out of the dup2s' way
+            high = [syscalls.dup_above(fd, 64) for fd in extra_fds]  # out of the dup2s' way
             for src, dst in ((stdin, 0), (out_w, 1), (err_w, 2), *zip(high, (3, 4), strict=False)):
                 os.dup2(src, dst, inheritable=True)
             os.set_blocking(1, True)
@@ -537,20 +534,20 @@ def _restore_meta(path: str, meta: tuple) -> None:
 
 
 def zygote_program() -> str:
-    """The `python -c` program of a zygote: it loads `sandbox_kernel.py`, then this file, each as
-    a top-level module from its source text (the sandbox may not reach these files), and runs
-    `_main` on its arguments."""
+    """The `python -c` program of a zygote: it loads `syscalls.py`, `zygote_session.py`, then this
+    file, each as a top-level module from its source text (the sandbox may not reach these files),
+    and runs `_main` on its arguments."""
     if not _PROGRAM:
         here = os.path.dirname(os.path.abspath(__file__))
         srcs = []
-        for name in ("sandbox_kernel", "sandbox", "sandbox_session"):
+        for name in ("syscalls", "zygote_session", "zygote"):
             with open(os.path.join(here, name + ".py"), encoding="utf-8") as f:
                 srcs.append((name, f.read()))
         _PROGRAM.append("import sys, types\n"
                         f"for _n, _s in {srcs!r}:\n"
                         "    _m = sys.modules[_n] = types.ModuleType(_n)\n"
                         "    exec(compile(_s, _n + '.py', 'exec'), _m.__dict__)\n"
-                        "sys.modules['sandbox']._main(sys.argv[1:])\n")
+                        "sys.modules['zygote']._main(sys.argv[1:])\n")
     return _PROGRAM[0]
 
 
@@ -564,7 +561,7 @@ def _main(argv: list[str]) -> None:
     if mode == "zygote":
         Zygote(cfg).serve()
     elif mode == "launch":
-        kernel.launch(cfg)
+        syscalls.launch(cfg)
     else:
         raise SystemExit(f"sandbox: unknown mode {mode!r}; valid: zygote, launch")
 

@@ -6,7 +6,7 @@
             s.run("x * 7").stdout                # "42\n": variables persist across calls
         pool.stats()                             # open sessions, how sessions ended, call p50/p99
 
-A session is a REPL process forked by a zygote (`sandbox_session.py`), with a job's limits and
+A session is a REPL process forked by a zygote (`zygote_session.py`), with a job's limits and
 isolation; a zygote holds one session at a time, so concurrent episodes never share a uid or a
 namespace. Each call has its own wall-clock timeout and output cap; a call that passes either, or
 whose session exits, ends the session (`ToolResult.closed`), and the session's whole process tree
@@ -27,10 +27,11 @@ import queue
 import threading
 import time
 
-from jaxrl.rewards import sandbox_session as ss
-from jaxrl.rewards.pool import TIERS, PoolStats, ZygoteProcess, _pct, probe
-from jaxrl.rewards.sandbox import write_frame
-from jaxrl.rewards.sandbox_plan import UidLease, default_uid_base
+from jaxrl.sandbox import zygote_session as ss
+from jaxrl.sandbox.plan import UidLease, default_uid_base
+from jaxrl.sandbox.pool import TIERS, PoolStats, ZygoteProcess, _pct, probe
+from jaxrl.sandbox.types import SandboxResult
+from jaxrl.sandbox.zygote import write_frame
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +225,6 @@ class SessionPool:
         return z.op(spec, timeout_s)
 
     def _record_call(self, r: ToolResult) -> None:
-        from jaxrl.rewards.types import SandboxResult
-
         self._stats.record(SandboxResult(r.status if r.status in ("ok", "error", "timeout")
                                          else "killed", None, "", "", r.wall_s, 0.0))
 

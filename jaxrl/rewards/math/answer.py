@@ -3,11 +3,11 @@
     math_score(completion, gold)  ->  1.0 if the completion's final answer equals `gold`, else 0.0
 
 The final answer is the last `\\boxed{...}` of the completion, else the text after a GSM8K `####`,
-else its last number (`math_latex.extract_answer`). Backends:
+else its last number (`latex.extract_answer`). Backends:
 
-  * "sympy" (hand-written): both answers are normalised (`math_latex.normalize`: wrappers, spacing,
+  * "sympy" (hand-written): both answers are normalised (`latex.normalize`: wrappers, spacing,
     units and `%` as configured), equal strings match; otherwise both are parsed by the bounded
-    parser of `math_parse` (LaTeX fractions, roots, powers, `\\pi`, `i`, functions, tuples,
+    parser of `parse` (LaTeX fractions, roots, powers, `\\pi`, `i`, functions, tuples,
     intervals, sets, `\\pm`, matrices) into sympy values and compared by `values_equal`: exact
     numbers exactly, a decimal on either side within `rel_tol`, expressions with variables at random
     points, tuples and intervals in order (brackets must agree), sets and bare lists as multisets.
@@ -20,11 +20,11 @@ else its last number (`math_latex.extract_answer`). Backends:
     score 0) and math-verify is installed, math-verify's verdict. Measured on one hand-labelled set
     (docs/benchmarks.md), this beats either alone and costs ~1-5 ms a check (math-verify ~70 ms).
 
-Every check runs in a killable worker (`jaxrl.rewards.workers`) under the reward's deadline and the
-worker's memory limit; the parser's size limits (`MAX_ANSWER_CHARS`, `math_parse.MAX_DIGITS`, ...)
+Every check runs in a killable worker (`jaxrl.sandbox.workers`) under the reward's deadline and the
+worker's memory limit; the parser's size limits (`MAX_ANSWER_CHARS`, `parse.MAX_DIGITS`, ...)
 keep ordinary hostile answers far below both.
 
-Modules: `math_latex` (extraction, normalisation), `math_parse` (the parser), this one (comparison,
+Modules: `latex` (extraction, normalisation), `parse` (the parser), this one (comparison,
 backends, options).
 """
 
@@ -33,8 +33,8 @@ from __future__ import annotations
 import logging
 import random
 
-from jaxrl.rewards.math_latex import PERCENT_CHOICES, UNITS_CHOICES, extract_answer, normalize
-from jaxrl.rewards.math_parse import Bag, Parsed, Refused, Seq, Unparsable, parse_answer
+from jaxrl.rewards.math.latex import PERCENT_CHOICES, UNITS_CHOICES, extract_answer, normalize
+from jaxrl.rewards.math.parse import Bag, Parsed, Refused, Seq, Unparsable, parse_answer
 
 __all__ = [
     "BACKENDS",

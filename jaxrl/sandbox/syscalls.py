@@ -1,9 +1,9 @@
 """The zygote's calls into the kernel: the seccomp filter, private mounts, the tier-A launcher and
 a tree removal that cannot be stopped by what a job left.
 
-Stdlib-only, like `sandbox.py`: the zygote program loads this file's source as the top-level
-module `sandbox_kernel` before `sandbox.py` (see `sandbox.zygote_program`), so nothing here may
-import jaxrl, jax or numpy.
+Stdlib-only, like `zygote.py`: the zygote program loads this file's source as the top-level
+module `syscalls` before `zygote.py` (see `zygote.zygote_program`), so nothing here may import
+jaxrl, jax or numpy.
 """
 
 import fcntl

@@ -1,0 +1,1 @@
+"""jaxrl.rewards.math: the `math_answer` checks: `answer` (comparison), `latex`, `parse`."""
