@@ -1,5 +1,4 @@
-"""jaxrl.envs: multi-turn environments (episodes whose turns call tools in the sandbox pool).
+"""jaxrl.envs: multi-turn environments (episodes whose turns call tools in the sandbox pool): the
+protocol and registry in `base`, the built-ins in `builtin`, registered here on import."""
 
-Thin on purpose: `jaxrl.envs.base` holds the protocol and registry, `jaxrl.envs.builtin` the
-built-in environments (registered on import of `get_env`).
-"""
+from jaxrl.envs import builtin  # noqa: F401 - registers the built-in environments

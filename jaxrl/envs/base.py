@@ -136,6 +136,7 @@ class Environment:
 
 
 # --- registry ------------------------------------------------------------------------------------
+# `jaxrl/envs/__init__.py` imports `builtin`, which registers the built-ins; Python runs it first.
 
 _ENVS: dict[str, type[Environment]] = {}
 _LOCK = threading.Lock()
@@ -158,21 +159,13 @@ def register_env(name: str, *, overwrite: bool = False) -> Callable[[type], type
 
 
 def env_names() -> list[str]:
-    _builtins()
     return sorted(_ENVS)
 
 
 def get_env(name: str) -> type[Environment]:
-    _builtins()
     if name not in _ENVS:
         raise ValueError(f"unknown environment {name!r}; registered: {sorted(_ENVS)}")
     return _ENVS[name]
-
-
-def _builtins() -> None:
-    import importlib
-
-    importlib.import_module("jaxrl.envs.builtin")  # registers the built-ins (imports this module)
 
 
 def split_stops(tokenizer, stops: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:
