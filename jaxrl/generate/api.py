@@ -11,8 +11,10 @@ from jaxrl.data.tasks import encode_prompt
 from jaxrl.generate.engine import MIN_BUCKET, JaxEngine
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.generate.scheduler import Completion, Scheduler
+from jaxrl.models.hf import load_pretrained
 from jaxrl.models.transformer import Transformer
 from jaxrl.rounding import next_power_of_two, round_up
+from jaxrl.tokenizers import load_tokenizer
 
 
 def _as_model(model_or_params, mesh: Mesh | None) -> Transformer:
@@ -22,8 +24,6 @@ def _as_model(model_or_params, mesh: Mesh | None) -> Transformer:
         if isinstance(model_or_params[1], Transformer):  # (cfg, model) from load_pretrained
             return model_or_params[1]
     if isinstance(model_or_params, str | Path):
-        from jaxrl.models.hf import load_pretrained
-
         return load_pretrained(model_or_params, mesh=mesh, role="generator")[1]
     raise TypeError("sample: expected a Transformer, a (config, Transformer) pair or a checkpoint "
                     f"path, got {type(model_or_params).__name__}")
@@ -51,8 +51,6 @@ def sample(model_or_params, prompts: str | Sequence[str] | Sequence[Sequence[int
         prompts = [prompts]
     if any(isinstance(p, str) for p in prompts):
         if tokenizer is None and isinstance(model_or_params, str | Path):
-            from jaxrl.tokenizers import load_tokenizer
-
             tokenizer = load_tokenizer(model_or_params)
         prompts = encode_prompts(prompts, tokenizer, chat=chat)
         eos_ids = eos_ids or (tokenizer.eos_id,)

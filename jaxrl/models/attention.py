@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+import jaxrl_kernels
 from jaxrl.sharding import logical_to_spec, mesh_role
 
 IMPLS = ("xla", "pallas", "cudnn", "auto")
@@ -123,8 +124,6 @@ def _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale):
     mesh axis (the segment block table, the decode lengths); compiled lowerings never run it. The
     bodies have no collectives for the check to guard, and without it shard_map's transpose still
     sums the cotangents of inputs replicated over an axis (a non-dividing batch or head count)."""
-    import jaxrl_kernels
-
     flash = functools.partial(jaxrl_kernels.flash_attention, causal=True, sm_scale=scale)
     sharded = kernel_shard_axes(q_BTHD.shape[0], k_BSKD.shape[2])
     if sharded is None:
@@ -142,8 +141,6 @@ def _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale):
 
 def _pallas_decode(q_BHD, k_BSKD, v_BSKD, kv_lengths_B):
     """`jaxrl_kernels.decode_attention`, per shard when a mesh splits batch (slots) or kv heads."""
-    import jaxrl_kernels
-
     sharded = kernel_shard_axes(q_BHD.shape[0], k_BSKD.shape[2])
     if sharded is None:
         return jaxrl_kernels.decode_attention(q_BHD, k_BSKD, v_BSKD, kv_lengths_B)

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+import jaxrl_kernels
 from jaxrl.config import ModelConfig
 from jaxrl.models.attention import cached_attention, kernel_shard_axes, resolve_impl
 from jaxrl.models.transformer import DTYPES, KVCache
@@ -96,8 +97,6 @@ def _pallas_paged_decode(q_BHD, k_pages, v_pages, kv_lengths_B, page_table_BP):
     static allocation guarantees (slot b's pages follow slot b). check_vma=False for the reason
     given in `attention._pallas_flash` (scalar-prefetch operands under Pallas' CPU interpreter).
     """
-    import jaxrl_kernels
-
     sharded = kernel_shard_axes(q_BHD.shape[0], k_pages.shape[2])
     if sharded is None:
         return jaxrl_kernels.paged_decode_attention(q_BHD, k_pages, v_pages, kv_lengths_B,

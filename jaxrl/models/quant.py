@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 INT8_MAX = 127
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
@@ -129,8 +130,6 @@ def generator_state_fn(graphdef, out_shardings=None, *, quantize: str | None = "
     `Transformer.fuse_projections`), then quantized to the format `quantize`
     (`Transformer.quantize`; None: not quantized). `out_shardings`: the transformed model's
     (None: where XLA puts them, on the devices of `params`)."""
-    from flax import nnx
-
     def cast(x):
         return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
 
@@ -150,7 +149,5 @@ def generator_state_fn(graphdef, out_shardings=None, *, quantize: str | None = "
 def quantized_copy(model, fmt: str = "int8"):
     """A copy of a `Transformer` quantized to `fmt` (the original keeps its weights): for
     benchmarks, tests and offline sampling; a run's publish uses `generator_state_fn`."""
-    from flax import nnx
-
     copy = nnx.merge(*nnx.split(model))
     return copy.quantize(fmt)

@@ -20,7 +20,10 @@ import sys
 import jax
 
 from jaxrl.generate.sampling import SamplingParams
+from jaxrl.models import create_model
+from jaxrl.presets import tiny_model_config
 from jaxrl.sharding import make_mesh
+from jaxrl.tokenizers import load_tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,7 +62,6 @@ def _mesh(devices, tp: int, what: str):
 def build(args: argparse.Namespace):
     """(prefill engine, generate engine) for the parsed arguments."""
     from jaxrl.serving.jetstream_adapter import make_jetstream_engines
-    from jaxrl.tokenizers import load_tokenizer
 
     devices = jax.devices()
     np_, ng = args.prefill_devices, args.generate_devices
@@ -73,9 +75,6 @@ def build(args: argparse.Namespace):
         generate_mesh = _mesh(devices[:ng or len(devices)], args.tp, "generate mesh")
         prefill_mesh = generate_mesh
     if args.model == "tiny":
-        from jaxrl.models import create_model
-        from jaxrl.presets import tiny_model_config
-
         model = create_model(tiny_model_config(), mesh=generate_mesh, role="generator")
         tok_path = args.tokenizer or "char"
     else:

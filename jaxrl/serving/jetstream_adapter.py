@@ -50,6 +50,7 @@ from jetstream.engine import engine_api, token_utils, tokenizer_api, tokenizer_p
 
 from jaxrl.generate.engine import DecodeState, JaxEngine, Prefix, Weights
 from jaxrl.generate.sampling import SamplingParams, seed_key_data
+from jaxrl.models.hf import load_pretrained
 from jaxrl.models.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -290,8 +291,6 @@ def _as_model(model_or_path, mesh: Mesh | None, dtype: str | None) -> Transforme
         return model_or_path
     if isinstance(model_or_path, tuple) and isinstance(model_or_path[-1], Transformer):
         return model_or_path[-1]
-    from jaxrl.models.hf import load_pretrained
-
     return load_pretrained(model_or_path, dtype, mesh=mesh, role="generator")[1]
 
 
