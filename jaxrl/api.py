@@ -30,7 +30,11 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import jaxrl.run
 from jaxrl.config import ConfigError, RunConfig
+from jaxrl.data import tasks
+from jaxrl.data.sources import load_records
+from jaxrl.rewards import register_reward
 
 RewardFn = Callable[..., float]
 
@@ -40,8 +44,6 @@ def _records(data: Any, what: str) -> list[dict] | None:
         return None
     if isinstance(data, (str, os.PathLike)) or (
             isinstance(data, Sequence) and data and isinstance(data[0], (str, os.PathLike))):
-        from jaxrl.data.sources import load_records
-
         paths = [data] if isinstance(data, (str, os.PathLike)) else list(data)
         return list(load_records(paths, name=what))
     if not isinstance(data, Iterable):
@@ -58,10 +60,6 @@ def train(config: RunConfig, *, dataset: Any, reward_fns: Sequence[RewardFn] = (
           resume: bool = False, progress: bool = True, evaluate: bool = True):
     """Run GRPO (or whatever `config.train` says) on `dataset`, scored by `reward_fns` (weight 1
     each, summed) plus `builtin_rewards` ({registered name: weight}). See the module docstring."""
-    import jaxrl.run
-    from jaxrl.data import tasks
-    from jaxrl.rewards import register_reward
-
     train_records = _records(dataset, "dataset")
     eval_records = _records(eval_dataset, "eval_dataset")
     if not reward_fns and not builtin_rewards:

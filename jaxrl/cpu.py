@@ -19,6 +19,8 @@ Arrays move between the two clients with `jax.device_put`, as between any two de
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import threading
@@ -168,9 +170,6 @@ def return_free_memory() -> bool:
     (which grows to 32 MiB as large buffers come and go) stay mapped in holes of the heap, and
     so in the process's RSS, until trimmed. Called when a `sync` run frees its generator's
     weights and KV cache for the update (`RolloutProducer.release`)."""
-    import ctypes
-    import ctypes.util
-
     global _LIBC
     if _LIBC is None:
         name = ctypes.util.find_library("c")

@@ -21,6 +21,7 @@ Multi-controller layout (every process runs the same program; see docs/scale.md)
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import pickle
@@ -31,8 +32,11 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl.config import ConfigError, DistConfig, MeshConfig
+from jaxrl.sharding import Meshes, make_mesh
 
 log = logging.getLogger("jaxrl")
 
@@ -102,8 +106,6 @@ def maybe_initialize(cfg: DistConfig) -> bool:
     if cfg.coordinator:
         kwargs.update(coordinator_address=cfg.coordinator, num_processes=cfg.num_processes,
                       process_id=cfg.process_id)
-    import inspect
-
     accepted = inspect.signature(jax.distributed.initialize).parameters
     jax.distributed.initialize(**{k: v for k, v in kwargs.items() if k in accepted})
     _initialized = True
@@ -138,8 +140,6 @@ def process_meshes(cfg: MeshConfig):
     generator time-shares the first local ones. Otherwise each process gives its last
     `prod(generator)` devices to its generator and the rest to the trainer.
     """
-    from jaxrl.sharding import Meshes, make_mesh
-
     nproc = jax.process_count()
     local = list(jax.local_devices())
     by_process: dict[int, list] = {}
@@ -192,8 +192,6 @@ def allgather_objects(obj) -> list:
     process must call it at the same point of the program."""
     if jax.process_count() == 1:
         return [obj]
-    from jax.experimental import multihost_utils
-
     payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.asarray([payload.size], np.int64)))
     sizes = sizes.reshape(-1)
@@ -241,8 +239,6 @@ def local_replica(x: jax.Array) -> jax.Array:
     never aliases `x`'s buffers (the trainer donates them to its next step)."""
     if not isinstance(x, jax.Array) or x.is_fully_addressable:
         return x
-    from jax.sharding import NamedSharding, PartitionSpec
-
     rep = NamedSharding(x.sharding.mesh, PartitionSpec())
     return jax.jit(_copy, out_shardings=rep)(x).addressable_data(0)
 

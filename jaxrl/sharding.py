@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
+from jaxrl import cpu
 from jaxrl.config import ConfigError, MeshConfig
 
 Role = Literal["trainer", "generator"]
@@ -134,8 +135,6 @@ def make_meshes(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) ->
         )
     if cfg.colocated or n == 1:
         if devices[0].platform == "cpu":
-            from jaxrl import cpu
-
             cpu.role_devices("shared", nt, ng)  # undo an earlier run's pinning
         if max(nt, ng) > n:
             raise ConfigError(
@@ -154,8 +153,6 @@ def make_meshes(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) ->
         )
     generator_devices = devices[nt : nt + ng]
     if devices[0].platform == "cpu":
-        from jaxrl import cpu
-
         try:
             own = cpu.role_devices(cfg.cpu_cores, nt, ng)
         except ValueError as e:

@@ -9,8 +9,13 @@ model shapes live in `jaxrl.presets`, re-exported here for the tests.
 
 from __future__ import annotations
 
+import json
+import random
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from jaxrl.config import ModelConfig
 from jaxrl.presets import tiny_model_config
 
 __all__ = ["TINY_HF_KW", "make_gsm8k_recipe", "make_hf_model", "tiny_model_config",
@@ -89,10 +94,6 @@ GSM8K_STYLE = [("Nat sold {a} clips and then {b} more. How many clips?", "+"),
 def tiny_tokenizer(path: str | Path, texts: list[str], vocab_size: int = 300) -> None:
     """A byte-level BPE `tokenizer.json` trained on `texts`, with a ChatML template and
     tokenizer_config.json, as a Hub repository ships them."""
-    import json
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -118,10 +119,6 @@ def tiny_llama_tokenizer(path: str | Path, texts: list[str], *, add_bos: bool = 
     """A Llama-style `tokenizer.json` (`<s>` / `</s>` specials; with `add_bos`, a post-processor
     that puts `<s>` first and `add_bos_token: true` in tokenizer_config.json), as a Llama
     repository ships them."""
-    import json
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -146,7 +143,6 @@ def _save_tiny_qwen2(path: Path, *, seed: int, **overrides) -> None:
     """A random Qwen2 of `TINY_HF_KW`'s shape (untied, as `transformers`' Qwen2 default) written
     as a Hugging Face directory by jaxrl itself, so that the recipe needs neither torch nor
     `transformers` (a plain `pip install -e .`)."""
-    from jaxrl.config import ModelConfig
     from jaxrl.models import create_model
     from jaxrl.models.hf import save_pretrained
 
@@ -164,9 +160,6 @@ def make_gsm8k_recipe(out: str | Path, *, train: int = 48, test: int = 16, seed:
     """`out/model` (a tiny random Qwen2 with its own BPE tokenizer) and `out/train.jsonl`,
     `out/test.jsonl` in GSM8K's format (question, answer with a final `#### N` line): what
     `configs/gsm8k_tiny.py` reads. Returns `out`. Needs only jaxrl's own dependencies."""
-    import json
-    import random
-
     rng = random.Random(seed)
     rows = []
     for _ in range(train + test):

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import json
 import string
+import sys
 from pathlib import Path
 from typing import Protocol
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as _HF
+
+from jaxrl.config import ConfigError
 
 
 class Tokenizer(Protocol):
@@ -79,8 +86,6 @@ class HFTokenizer:
     """`tokenizer.json` (+ `tokenizer_config.json` for specials and the chat template)."""
 
     def __init__(self, path: str | Path):
-        from tokenizers import Tokenizer as _HF
-
         path = Path(path)
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.is_file():
@@ -133,9 +138,6 @@ class HFTokenizer:
         """Render `messages` with the tokenizer's Jinja chat template."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat_template; pass plain text instead")
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         def raise_exception(message):
             raise jinja2.exceptions.TemplateError(message)
 
@@ -157,8 +159,6 @@ def load_tokenizer(path: str | Path | None, init: str | Path | None = None) -> T
     directory (or `tokenizer.json` file) or a Hugging Face Hub id, resolved through the local
     Hugging Face cache (`jaxrl.models.hub.resolve`). A bad value raises `ConfigError`.
     """
-    from jaxrl.config import ConfigError
-
     text = "char" if path is None else str(path)
     if text == "char":
         return CharTokenizer()
@@ -194,8 +194,6 @@ def model_tokenizer(model_dir: str | Path, tokenizer: str | None = None,
         return load_tokenizer(tokenizer)
     if (Path(model_dir) / "tokenizer.json").is_file():
         return HFTokenizer(Path(model_dir))
-    import sys
-
     print(f"--- {what} {model_dir} has no tokenizer.json: using jaxrl's character tokenizer "
           "(--tokenizer names another directory or Hub id)", file=sys.stderr)
     return CharTokenizer()

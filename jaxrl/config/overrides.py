@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl.config.base import ConfigError, literal_choices
+from jaxrl.config.checks import deferred
 
 # ----------------------------------------------------------------------------- overrides
 
@@ -140,8 +141,6 @@ def split_overrides(cfg: Any, items: list[str]) -> list[tuple[str, str]]:
 def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
     """Apply `--a.b=c` / `--a.b c` (or `a.b=c`) overrides in order; checks that span sections
     run once all are applied (so their order does not matter)."""
-    from jaxrl.config.checks import deferred
-
     with deferred():
         for key, text in split_overrides(cfg, list(overrides)):
             cfg = apply_override(cfg, key, text)

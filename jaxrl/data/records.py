@@ -14,6 +14,7 @@ demonstration is the record's `completion` field, else its answer.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,8 +56,6 @@ def _hf_records(cfg: DataConfig, split: str):
     except ImportError as e:
         raise RecordError("data.hf_dataset needs the `datasets` package: "
                           "pip install 'jaxrl[datasets]'") from e
-    import os
-
     if os.path.isdir(cfg.hf_dataset):
         ds = datasets.load_from_disk(cfg.hf_dataset)
         if isinstance(ds, datasets.DatasetDict):
