@@ -253,7 +253,7 @@ class MeshConfig:
     generator: tuple[int, ...] | None = None
     colocated: bool = False
     cpu_cores: Literal["shared", "split"] = "shared"
-    # the memory plan printed before any work (jaxrl/train/memory_plan.py): "fail" stops a run
+    # the memory plan printed before any work (jaxrl/train/memory/): "fail" stops a run
     # that does not fit, "warn" only says so (the activation figures are estimates);
     # memory_budget_gib overrides the device's memory (0: memory_stats, or host RAM on CPU)
     memory_check: Literal["fail", "warn", "off"] = "fail"

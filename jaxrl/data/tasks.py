@@ -31,6 +31,7 @@ from jaxrl.data import pysynth
 from jaxrl.data.sources import GeneratedSource, RecordError, RecordSource, load_records
 
 if TYPE_CHECKING:
+    from jaxrl.config import RunConfig
     from jaxrl.data.config import DataConfig
 
 
@@ -98,6 +99,13 @@ class Task:
         """Demonstration token ids followed by EOS (the SFT target)."""
         chat = resolve_format(tokenizer, prompt_format) == "chat"
         return [*tokenizer.encode(self.demonstration(record, chat)), tokenizer.eos_id]
+
+
+def longest_prompt(cfg: RunConfig, task: Task, tokenizer) -> int:
+    """Tokens in the longest of (up to) 64 held-out prompts. The KV cache is sized for prompts
+    of 1.5x that + 8 (`generate.max_len=0`)."""
+    records = task.eval_records(min(64, cfg.data.eval_size))
+    return max(len(task.render(r, tokenizer, cfg.data.prompt_format)) for r in records)
 
 
 def encode_prompt(tokenizer, prompt: str | list[dict]) -> list[int]:

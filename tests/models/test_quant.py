@@ -173,7 +173,7 @@ def test_memory_plan_counts_the_8bit_copy_by_hand(fmt):
     import dataclasses
 
     from jaxrl.config import GenerateConfig, LoraConfig, ModelConfig, RunConfig
-    from jaxrl.train.memory_plan import plan_memory
+    from jaxrl.train.memory.plan import plan_memory
 
     # E 64, F 128, 2 layers, 4 heads x D 16, 2 kv heads, V 128, tied: 82240 params
     model = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,

@@ -1,6 +1,5 @@
 """The train step's memory: the activations its backward pass keeps (analytic), and the step
-compiled for the plan's largest update (whose `memory_analysis()` measures it). No JAX at import;
-used by `jaxrl.train.memory_plan`.
+compiled for the plan's largest update (whose `memory_analysis()` measures it), for `plan.py`.
 """
 
 from __future__ import annotations
@@ -8,7 +7,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import jax
+import jax.numpy as jnp
+
 from jaxrl.config import ModelConfig, RunConfig
+from jaxrl.models.attention import query_blocks
+from jaxrl.train.batch import Batch, padded_shape
+from jaxrl.train.logprobs import chunk_size
+from jaxrl.train.objective import correction_needs
+from jaxrl.train.state import (
+    frozen_shardings,
+    make_optimizer,
+    model_graphdef,
+    train_state_shardings,
+)
+from jaxrl.train.step import batch_shardings, train_step
 
 GiB, MiB = 2**30, 2**20
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -32,8 +45,6 @@ def activation_bytes(m: ModelConfig, *, rows: int, length: int, chunk: int, rema
     in c); k / v slices per block. Once per token: embedding E c, final norm E (4 + c), RoPE D 4,
     loss terms 64, the lm-head softmax V 4 when kept. remat "full" keeps each layer's input E c;
     "dots" the matmul outputs (scores in f32 too); "dots_no_batch" those without batch dims."""
-    from jaxrl.models.attention import query_blocks
-
     c = BYTES[m.dtype]
     e, d, f = m.hidden_size, m.head_size, _split(m.intermediate_size, tp)
     h, k = _split(m.num_heads, tp), _split(m.num_kv_heads, tp)
@@ -61,8 +72,6 @@ def activation_bytes(m: ModelConfig, *, rows: int, length: int, chunk: int, rema
 def update_shape(cfg: RunConfig, fsdp: int, max_seq_len: int) -> tuple[int, int]:
     """[rows, T] of the largest update's batch: one mini-batch of whole groups, padded as the
     trainer pads it (`Trainer.pad`)."""
-    from jaxrl.train.batch import padded_shape
-
     groups = -(-cfg.data.prompts_per_step // cfg.train.mini_batches)
     return padded_shape(groups * cfg.data.group_size, max_seq_len,
                         row_multiple=cfg.train.micro_batches * fsdp,
@@ -72,19 +81,6 @@ def update_shape(cfg: RunConfig, fsdp: int, max_seq_len: int) -> tuple[int, int]
 def compile_train_step(cfg: RunConfig, model_cfg: ModelConfig, mesh, *, max_seq_len: int):
     """The train step compiled for the plan's largest update on `mesh` (what `Trainer` would
     run; `step.make_train_step` jits the same function), for `plan_memory(compiled=...)`."""
-    import jax
-    import jax.numpy as jnp
-
-    from jaxrl.train.batch import Batch
-    from jaxrl.train.objective import correction_needs
-    from jaxrl.train.state import (
-        frozen_shardings,
-        make_optimizer,
-        model_graphdef,
-        train_state_shardings,
-    )
-    from jaxrl.train.step import batch_shardings, train_step
-
     t = cfg.train
     pdt, cdt = t.precision(model_cfg.param_dtype, model_cfg.dtype, mesh.devices.flat[0].platform)
     m = dataclasses.replace(model_cfg, param_dtype=pdt, dtype=cdt)
@@ -111,8 +107,6 @@ def train_step_activations(cfg: RunConfig, model_cfg: ModelConfig, trainer_shape
                            max_seq_len: int, platform: str):
     """(bytes per device, (rows, micro-batch rows, T), flash attention?, remat planned) for the
     largest update; `model_cfg` with the trainer's resolved dtypes."""
-    from jaxrl.train.logprobs import chunk_size
-
     t, (fsdp, tp) = cfg.train, trainer_shape
     rows, length = update_shape(cfg, fsdp, max_seq_len)
     micro = rows // t.micro_batches

@@ -17,9 +17,11 @@ from jaxrl.config import (
     TrainConfig,
     load_config,
 )
-from jaxrl.train.memory_plan import plan_memory
-from jaxrl.train.memory_step import GiB, MiB, compile_train_step
-from jaxrl.train.memory_step import fmt_bytes as _fmt
+from jaxrl.train.memory.cli import main
+from jaxrl.train.memory.fit import check, suggest
+from jaxrl.train.memory.plan import plan_memory
+from jaxrl.train.memory.step import GiB, MiB, compile_train_step
+from jaxrl.train.memory.step import fmt_bytes as _fmt
 
 # E 64, F 128, 2 layers, 4 heads x D 16, 2 kv heads, V 128, tied, no biases
 SMALL = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -108,7 +110,7 @@ def test_too_large_for_the_budget_fails_before_any_compilation():
         plan = plan_memory(cfg, big, trainer_mesh_shape=(1, 1), generator_mesh_shape=(1, 1),
                            max_seq_len=64, budget_bytes=64 * MiB, platform="cpu")
         with pytest.raises(ConfigError) as err:
-            plan.check()
+            check(plan)
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
         jax.config.update("jax_enable_compilation_cache", cached)
@@ -128,8 +130,6 @@ def test_suggestions_are_replanned_figures():
         RunConfig().data, prompts_per_step=16, group_size=8))
     plan = _plan(cfg, budget_bytes=40 * MiB)
     assert not plan.fits()
-    from jaxrl.train.memory_fit import suggest
-
     line = next(h for h in suggest(plan) if h.startswith("--train.micro_batches="))
     m = int(line.split("=")[1].split(":")[0])
     fixed = _plan(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batches=m)),
@@ -162,8 +162,6 @@ def test_activation_estimate_against_the_compiled_memory_analysis():
 
 
 def test_cli_prints_the_plan_and_answers_config_errors(tmp_path, capsys):
-    from jaxrl.train.memory_cli import main
-
     assert main(["configs/default.py", "--train.bogus=1"]) == 2
     assert "unknown key 'bogus'" in capsys.readouterr().err
     (tmp_path / "config.json").write_text(json.dumps(QWEN2_5_0_5B))

@@ -1,5 +1,7 @@
-"""What would make a memory plan fit: each setting re-planned, with the figure it reaches.
+"""Does a run fit, and what would make it fit: each setting re-planned, with the figure it reaches.
 
+`check_run(cfg, model_cfg, meshes, seq_len, leader=...)` prints a run's plan before any work and
+stops it (`mesh.memory_check="fail"`) or warns; `check(plan)` raises with the settings that fit.
 `suggest(plan)` tries, one at a time, the settings a user can change (more micro-batches, a remat
 policy, bf16 reference / parameters / generator weights, fewer slots or a shorter KV cache, more
 devices) and reports those that fit; when none fits alone, each one's figure and all of them
@@ -9,12 +11,43 @@ together. Re-planning uses cached abstract shapes: nothing is compiled or alloca
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+import logging
 
-from jaxrl.train.memory_step import fmt_bytes as _fmt
+from jaxrl.config import ConfigError, RunConfig
+from jaxrl.generate.disaggregated import decode_mesh_shape
+from jaxrl.train.memory.plan import MemoryPlan, plan_memory
+from jaxrl.train.memory.step import fmt_bytes as _fmt
 
-if TYPE_CHECKING:  # memory_plan imports this module
-    from jaxrl.train.memory_plan import MemoryPlan
+log = logging.getLogger("jaxrl")
+
+
+def check_run(cfg: RunConfig, model_cfg, meshes, seq_len: int, *, leader: bool) -> None:
+    """Print the bytes per device the run will need before any work, and stop it
+    (`mesh.memory_check="fail"`) or warn ("warn") when they exceed the device's memory."""
+    if cfg.mesh.memory_check == "off":
+        return
+    budget = int(cfg.mesh.memory_budget_gib * 2**30) or None
+    # prefill/decode split: the decode group holds the KV cache on fewer devices
+    gen_shape = decode_mesh_shape(meshes.generator.devices.shape, cfg.generate.prefill_devices)
+    plan = plan_memory(cfg, model_cfg, trainer_mesh_shape=meshes.trainer.devices.shape,
+                       generator_mesh_shape=gen_shape,
+                       colocated=meshes.colocated, max_seq_len=seq_len, budget_bytes=budget)
+    if leader:
+        log.info("memory plan:\n%s", plan.format())
+    if cfg.mesh.memory_check == "fail":
+        check(plan)
+    elif not plan.fits():
+        log.warning("the memory plan says the run does not fit (mesh.memory_check='warn': "
+                    "going on); the figures above")
+
+
+def check(plan: MemoryPlan) -> None:
+    """Raise ConfigError with the figures and what would fit when over the budget."""
+    if plan.fits():
+        return
+    raise ConfigError("the run does not fit in device memory:\n" + plan.format()
+                      + "\nsettings that would make it fit:\n"
+                      + "\n".join(f"  - {h}" for h in suggest(plan)))
 
 
 def _with(cfg, section: str, **kw):

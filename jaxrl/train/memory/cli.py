@@ -14,9 +14,11 @@ from pathlib import Path
 
 from jaxrl.config import ConfigError, load_config
 from jaxrl.config.checks import sequence_capacity
-from jaxrl.train.memory_step import GiB
+from jaxrl.cpu import simulated_device_flags
+from jaxrl.data.tasks import build_task, longest_prompt
+from jaxrl.tokenizers import load_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,10 +63,6 @@ def max_seq_len(cfg, prompt_len: int | None) -> tuple[int, str]:
     how = f"--prompt-len {prompt_len}"
     if not prompt_len:
         try:
-            from jaxrl.controller.build import longest_prompt
-            from jaxrl.data.tasks import build_task
-            from jaxrl.tokenizers import load_tokenizer
-
             prompt_len = longest_prompt(cfg, build_task(cfg.data), load_tokenizer(cfg.tokenizer))
         except Exception as e:  # noqa: BLE001 - a missing file or tokenizer: ask for the figure
             raise ConfigError(f"cannot measure the prompts here ({type(e).__name__}: {e}); pass "
@@ -79,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, overrides)
         if os.environ.get("JAX_PLATFORMS", "") in ("", "cpu") and "XLA_FLAGS" not in os.environ:
-            from jaxrl.cpu import simulated_device_flags  # the devices launch/run.py would get
-
-            os.environ["XLA_FLAGS"] = simulated_device_flags()
+            os.environ["XLA_FLAGS"] = simulated_device_flags()  # the devices launch/run.py gets
         print("memory plan: abstract shapes only (jax.eval_shape), nothing allocated...",
               file=sys.stderr, flush=True)
         model_cfg, source = model_config(cfg, args.hf_config)
@@ -94,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     print(plan.format())
     if plan.fits():
         return 0
-    from jaxrl.train.memory_fit import suggest
+    from jaxrl.train.memory.fit import suggest
 
     print("settings that would make it fit:\n" + "\n".join(f"  - {h}" for h in suggest(plan)))
     return 1
@@ -104,8 +100,8 @@ def _plan(cfg, model_cfg, seq: int, args):
     import jax
 
     from jaxrl.sharding import make_meshes, resolve_mesh_shapes
-    from jaxrl.train.memory_plan import plan_memory
-    from jaxrl.train.memory_step import compile_train_step
+    from jaxrl.train.memory.plan import plan_memory
+    from jaxrl.train.memory.step import GiB, compile_train_step
 
     n = args.devices or jax.device_count()
     tshape, gshape = resolve_mesh_shapes(cfg.mesh, n)

@@ -3,7 +3,7 @@
     plan = plan_memory(cfg, model_cfg, trainer_mesh_shape=(4, 1), generator_mesh_shape=(4, 1),
                        max_seq_len=int(longest * 1.5) + 8 + cfg.data.max_new_tokens)
     print(plan.format())
-    plan.check()        # ConfigError with the figures and the settings that would make it fit
+    fit.check(plan)     # ConfigError with the figures and the settings that would make it fit
 
 Exact, from abstract shapes and the one logical-axis table (`jax.eval_shape`: nothing compiled,
 nothing allocated): the trainer's parameters, optimiser state (whatever `make_optimizer` holds)
@@ -22,11 +22,21 @@ import dataclasses
 import functools
 import math
 
+import jax
+import optax
+from flax import nnx
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
 from jaxrl.config import ConfigError, ModelConfig, RunConfig, TrainConfig
+from jaxrl.models import lora
+from jaxrl.models.model import abstract_model
+from jaxrl.models.transformer import KVCache
 from jaxrl.rounding import round_up
-from jaxrl.train.memory_step import BYTES as _BYTES
-from jaxrl.train.memory_step import fmt_bytes as _fmt
-from jaxrl.train.memory_step import train_step_activations
+from jaxrl.sharding import MESH_AXES, logical_to_spec, pure_state_shardings, state_shardings
+from jaxrl.train.memory.step import BYTES as _BYTES
+from jaxrl.train.memory.step import fmt_bytes as _fmt
+from jaxrl.train.memory.step import train_step_activations
+from jaxrl.train.state import make_optimizer, model_graphdef, trainable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +67,7 @@ class MemoryPlan:
     # replan(cfg, trainer_shape, generator_shape) -> MemoryPlan, same model, budget and platform
     replan: object = dataclasses.field(default=None, repr=False, compare=False)
     # `sync`: the generator's weights and KV cache are freed while the trainer updates
-    # (jaxrl.controller.pipeline), so on shared memory the two never add up in full
+    # (jaxrl.rl.loop), so on shared memory the two never add up in full
     frees_generator: bool = False
 
     def total(self, role: str, *, held: bool = False) -> int:
@@ -104,17 +114,6 @@ class MemoryPlan:
         lines.append(f"activations: {self.activation_source}")
         return "\n".join(lines)
 
-    def check(self) -> None:
-        """Raise ConfigError with the figures and what would fit when over the budget."""
-        if self.fits():
-            return
-        from jaxrl.train.memory_fit import suggest
-
-        hints = suggest(self)
-        raise ConfigError("the run does not fit in device memory:\n" + self.format()
-                          + "\nsettings that would make it fit:\n"
-                          + "\n".join(f"  - {h}" for h in hints))
-
 
 def host_available_bytes() -> int:
     """MemAvailable from /proc/meminfo (what the host can give without swapping)."""
@@ -127,8 +126,6 @@ def host_available_bytes() -> int:
 
 def device_budget(devices=None) -> tuple[str, int, str]:
     """(platform, bytes, how it was found) of the first addressable device."""
-    import jax
-
     dev = next(iter(devices or jax.local_devices()))
     if dev.platform == "cpu":
         return "cpu", host_available_bytes(), "CPU: host MemAvailable shared by all devices"
@@ -144,11 +141,6 @@ def device_budget(devices=None) -> tuple[str, int, str]:
 @functools.lru_cache(maxsize=16)
 def _abstract(model_cfg: ModelConfig, train_key: TrainConfig):
     """(abstract nnx state, pure params, abstract optimiser state, tx); `jax.eval_shape` only."""
-    import jax
-    from flax import nnx
-
-    from jaxrl.train.state import make_optimizer, model_graphdef, trainable
-
     _, abstract_nnx = model_graphdef(model_cfg, train_key)
     params = nnx.to_pure_dict(abstract_nnx)
     tx = make_optimizer(train_key)  # LoRA: the optimiser holds the adapters only
@@ -156,8 +148,6 @@ def _abstract(model_cfg: ModelConfig, train_key: TrainConfig):
 
 
 def _shard_bytes(tree, shardings, itemsize: int | None = None) -> int:
-    import jax
-
     leaves = jax.tree.leaves(tree)
     shs = jax.tree.leaves(shardings, is_leaf=lambda s: hasattr(s, "shard_shape"))
     return sum(math.prod(s.shard_shape(x.shape)) * (itemsize or x.dtype.itemsize)
@@ -167,18 +157,9 @@ def _shard_bytes(tree, shardings, itemsize: int | None = None) -> int:
 def _trainer_state_bytes(model_cfg: ModelConfig, train: TrainConfig, shape) -> dict:
     """Per-device bytes of params, optimiser state and an f32 copy of the trained params
     (with LoRA also the frozen base and the adapters apart: `base`, `adapters`)."""
-    import jax
-    import optax
-    from flax import nnx
-    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
-
-    from jaxrl.sharding import state_shardings
-
     # the fields that change no state shape (the suggestions vary them) share one eval_shape
     key = dataclasses.replace(train, micro_batches=1, remat="none", ref_dtype=None,
                               logprob_chunk=1, param_dtype="auto", compute_dtype="auto")
-    from jaxrl.models import lora
-
     abstract_nnx, params, opt, tx = _abstract(model_cfg, key)
     mesh = AbstractMesh(tuple(shape), ("fsdp", "tp"))
     param_sh = nnx.to_pure_dict(state_shardings(abstract_nnx, mesh, "trainer"))
@@ -202,11 +183,6 @@ def _trainer_state_bytes(model_cfg: ModelConfig, train: TrainConfig, shape) -> d
 
 
 def _generator_bytes(abstract_nnx, gen_dtype: str, shape) -> int:
-    from flax import nnx
-    from jax.sharding import AbstractMesh
-
-    from jaxrl.sharding import pure_state_shardings
-
     mesh = AbstractMesh(tuple(shape), ("dp", "tp"))
     sh = pure_state_shardings(abstract_nnx, mesh, "generator")
     return _shard_bytes(nnx.to_pure_dict(abstract_nnx), sh, _BYTES[gen_dtype])
@@ -216,13 +192,6 @@ def _quantized_generator_bytes(model_cfg: ModelConfig, gen_dtype: str, shape,
                                fmt: str) -> int:
     """The 8-bit generator's weights (`generate.quantize`, format `fmt`): projections 1 byte,
     their scales f32, every other leaf in `gen_dtype`, per device on the generator mesh."""
-    import jax
-    from flax import nnx
-    from jax.sharding import AbstractMesh
-
-    from jaxrl.models.model import abstract_model
-    from jaxrl.sharding import pure_state_shardings
-
     plain = dataclasses.replace(model_cfg, lora=type(model_cfg.lora)())
     abstract = nnx.state(abstract_model(plain, quantize=fmt))
     mesh = AbstractMesh(tuple(shape), ("dp", "tp"))
@@ -237,10 +206,6 @@ def _quantized_generator_bytes(model_cfg: ModelConfig, gen_dtype: str, shape,
 
 
 def _array_bytes(shape, axes, role: str, mesh_shape, itemsize: int) -> int:
-    from jax.sharding import AbstractMesh, NamedSharding
-
-    from jaxrl.sharding import MESH_AXES, logical_to_spec
-
     mesh = AbstractMesh(tuple(mesh_shape), MESH_AXES[role])
     spec = logical_to_spec(axes, role, mesh, shape)
     return math.prod(NamedSharding(mesh, spec).shard_shape(shape)) * itemsize
@@ -256,7 +221,7 @@ def plan_memory(cfg: RunConfig, model_cfg: ModelConfig, *, trainer_mesh_shape,
     """The plan for `cfg` on these meshes (shapes (fsdp, tp) and (dp, tp)); `max_seq_len` is the
     longest prompt + completion. `budget_bytes` overrides the device's memory; `platform`
     ("cpu" | "gpu" | "tpu", default: the devices') resolves "auto" precision and attention;
-    `compiled`: the compiled train step (`memory_step.compile_train_step`), whose
+    `compiled`: the compiled train step (`step.compile_train_step`), whose
     memory_analysis() replaces the analytic step estimate. No compilation happens here."""
     note = "given budget"
     if budget_bytes is None or platform is None:
@@ -281,8 +246,6 @@ def plan_memory(cfg: RunConfig, model_cfg: ModelConfig, *, trainer_mesh_shape,
 
 def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, colocated,
           compiled, replan) -> MemoryPlan:
-    from jaxrl.models.transformer import KVCache
-
     train, gen = cfg.train, cfg.generate
     pdt, cdt = train.precision(model_cfg.param_dtype, model_cfg.dtype, platform)
     tm = dataclasses.replace(model_cfg, param_dtype=pdt, dtype=cdt)
