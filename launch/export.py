@@ -42,7 +42,7 @@ def _parse(argv):
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     from jaxrl.config import ConfigError  # no JAX
-    from jaxrl.controller.export import check_run_dir  # no JAX at import
+    from jaxrl.train.run_dir import check_run_dir  # no JAX
 
     out = Path(args.out_dir)
     try:
@@ -51,8 +51,8 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"OUT_DIR {out} exists and is not a directory")
         if out.is_dir() and any(out.iterdir()) and not args.force:
             raise ConfigError(f"OUT_DIR {out} is not empty; choose another or pass --force")
-        from jaxrl.controller.export import export_run
         from jaxrl.models.safetensors_io import CheckpointError
+        from jaxrl.train.export import export_run
 
         try:
             info = export_run(args.run_dir, out, step=step, dtype=args.dtype, merge=args.merge)

@@ -21,6 +21,7 @@ from jaxrl.presets import tiny_model_config
 from jaxrl.sharding import make_meshes
 from jaxrl.train.checkpoint import Checkpointer
 from jaxrl.train.config import TrainConfig
+from jaxrl.train.init import register_lora_base
 from jaxrl.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,7 +157,7 @@ def lora_run(tmp_path_factory):
                             trainer.state.params)
     trainer.replace_state(trainer.state.replace(params=adapters))
     ckpt = Checkpointer(run_dir / "checkpoints", every=1, keep=3)
-    build.register_lora_base(ckpt, trainer, cfg)
+    register_lora_base(ckpt, trainer, cfg)
     ckpt.save(trainer.state, step=2)
     ckpt.close()
     params = jax.device_get(lora.join(trainer.frozen, trainer.state.params))

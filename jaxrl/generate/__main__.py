@@ -14,6 +14,15 @@ import argparse
 import sys
 import time
 
+from jaxrl.config import ConfigError
+from jaxrl.generate import SamplingParams, sample
+from jaxrl.generate.api import encode_prompts
+from jaxrl.models import load_pretrained
+from jaxrl.models.hub import resolve
+from jaxrl.tokenizers import load_tokenizer, model_tokenizer
+from jaxrl.train.export import load_run
+from jaxrl.train.run_dir import is_run_dir
+
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m jaxrl.generate", description=__doc__.split("\n")[0])
@@ -37,11 +46,6 @@ def _parse(argv):
 
 def _load(args):
     """(tokenizer, model) for `--model` / `--tokenizer` / `--step`."""
-    from jaxrl.controller.export import is_run_dir, load_run
-    from jaxrl.models import load_pretrained
-    from jaxrl.models.hub import resolve
-    from jaxrl.tokenizers import load_tokenizer, model_tokenizer
-
     if is_run_dir(args.model):
         cfg, _, model, step = load_run(args.model, args.step)
         if args.dtype != "float32":
@@ -57,10 +61,6 @@ def _load(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    from jaxrl.config import ConfigError
-    from jaxrl.generate import SamplingParams, sample
-    from jaxrl.generate.api import encode_prompts
-
     try:
         tokenizer, model = _load(args)
         prompts = encode_prompts(args.prompt, tokenizer, chat=args.chat)

@@ -173,7 +173,7 @@ def test_launch_run_with_a_hub_id_offline(hf_home, tmp_path, monkeypatch):
     import huggingface_hub.constants as constants
     import transformers
 
-    from jaxrl.controller.export import export_run
+    from jaxrl.train.export import export_run
 
     out = tmp_path / "export"
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_home / "hub"))

@@ -1,10 +1,10 @@
 """A run directory as a model: its config, its latest (or any) checkpoint's policy, and its export
 as a Hugging Face directory (`launch/export.py`, `python -m jaxrl.generate --model runs/<name>`).
 
-A run directory holds `config.json` (the `RunConfig`, `jaxrl.config.to_dict`) and
+A run directory holds `config.json` (the `RunConfig`, read back by `run_dir.run_config`) and
 `checkpoints/<step>/` (orbax, the whole `TrainState`). Only the policy parameters are read back
 (a partial restore: no optimiser state is loaded), as host arrays. A LoRA run's checkpoint holds
-the adapters only: its frozen base is rebuilt the way the run built it (`build.initial_params`:
+the adapters only: its frozen base is rebuilt the way the run built it (`init.initial_params`:
 the `init` model, or the seeded init and SFT warm start) and checked against the digest the
 checkpoint recorded. Its export is a PEFT adapter directory, or one merged model.
 """
@@ -13,14 +13,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import shutil
-import typing
 from pathlib import Path
 
-from jaxrl.config import ConfigError, RunConfig
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
 
-log = logging.getLogger("jaxrl")
+from jaxrl.config import ConfigError, MeshConfig, RunConfig
+from jaxrl.data.tasks import build_task
+from jaxrl.models import lora
+from jaxrl.models.hf import save_adapter, save_pretrained
+from jaxrl.models.hub import resolve
+from jaxrl.models.transformer import Transformer
+from jaxrl.sharding import make_meshes
+from jaxrl.tokenizers import load_tokenizer
+from jaxrl.train.init import base_fingerprint, initial_params, model_config
+from jaxrl.train.run_dir import check_run_dir, run_config
+from jaxrl.train.state import model_graphdef, params_from_model, trainable
 
 # files of a Hugging Face tokenizer directory that travel with an export
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -28,79 +39,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "added_tokens.json", "tokenizer.model")
 
 
-def is_run_dir(path: str | Path) -> bool:
-    """A jaxrl run directory (its config.json is a RunConfig), not a Hugging Face model."""
-    cfg_file = Path(path) / "config.json"
-    if not cfg_file.is_file():
-        return False
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except ValueError:
-        return False
-    return isinstance(raw, dict) and {"pipeline", "train", "data", "model"} <= raw.keys()
-
-
-def checkpoint_steps(run_dir: str | Path) -> list[int]:
-    ckpt = Path(run_dir) / "checkpoints"
-    if not ckpt.is_dir():
-        return []
-    return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit() and p.is_dir())
-
-
-def check_run_dir(run_dir: str | Path, step: int | None = None) -> int:
-    """The checkpoint step to read (`step`, or the latest); a `ConfigError` naming the problem
-    otherwise. Reads only the file system (no JAX)."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ConfigError(f"{run_dir}: no such run directory (expected runs/<name>)")
-    if not is_run_dir(run_dir):
-        raise ConfigError(f"{run_dir}: not a jaxrl run directory (its config.json is missing or "
-                          "is not a jaxrl run config)")
-    steps = checkpoint_steps(run_dir)
-    if not steps:
-        raise ConfigError(f"{run_dir}: the run has no checkpoint under checkpoints/ yet")
-    if step is None:
-        return steps[-1]
-    if step not in steps:
-        raise ConfigError(f"--step {step}: {run_dir} has checkpoints at steps {steps}")
-    return step
-
-
-def _from_dict(cls, raw: dict, where: str):
-    hints = typing.get_type_hints(cls)
-    kw = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in raw:
-            continue  # a run written before the field existed: its default
-        value, tp = raw[f.name], hints[f.name]
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        sub = tp if dataclasses.is_dataclass(tp) else next(
-            (a for a in args if dataclasses.is_dataclass(a)), None)
-        if sub is not None and isinstance(value, dict):
-            value = _from_dict(sub, value, f"{where}{f.name}.")
-        elif isinstance(value, list):
-            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
-        kw[f.name] = value
-    unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-        log.warning("run config: ignoring keys this jaxrl does not know: %s",
-                    [where + k for k in unknown])
-    return cls(**kw)
-
-
-def run_config(run_dir: str | Path) -> RunConfig:
-    """The `RunConfig` a run directory recorded in its config.json."""
-    raw = json.loads((Path(run_dir) / "config.json").read_text())
-    try:
-        return _from_dict(RunConfig, raw, "")
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{run_dir}/config.json cannot be read back as a run config: {e}") from e
-
-
 def tokenizer_dir(cfg: RunConfig) -> Path | None:
     """The run's Hugging Face tokenizer directory, or None for the character tokenizer."""
-    from jaxrl.models.hub import resolve
-
     name = cfg.tokenizer
     if name == "auto":
         name = "char" if cfg.init is None else cfg.init
@@ -113,20 +53,10 @@ def tokenizer_dir(cfg: RunConfig) -> Path | None:
 def load_run(run_dir: str | Path, step: int | None = None):
     """(run config, model config, model, step): the policy at checkpoint `step` (default: the
     latest), on the default device in the run's master parameter dtype."""
-    import jax
-    import numpy as np
-    import orbax.checkpoint as ocp
-    from flax import nnx
-
-    from jaxrl.controller import build
-    from jaxrl.models import lora
-    from jaxrl.tokenizers import load_tokenizer
-    from jaxrl.train.state import model_graphdef, trainable
-
     step = check_run_dir(run_dir, step)
     cfg = run_config(run_dir)
     tokenizer = load_tokenizer(cfg.tokenizer, init=cfg.init)
-    model_cfg = build.model_config(cfg, tokenizer)
+    model_cfg = model_config(cfg, tokenizer)
     graphdef, abstract = model_graphdef(model_cfg, cfg.train)
     abstract_params = trainable(nnx.to_pure_dict(abstract), model_cfg)  # LoRA: the adapters
     item = {"params": jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), abstract_params)}
@@ -134,7 +64,7 @@ def load_run(run_dir: str | Path, step: int | None = None):
     args = {"state": ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
                                             partial_restore=True)}
     if model_cfg.lora.enabled:
-        args["extra"] = ocp.args.JsonRestore()  # the digest of the base (build.register_lora_base)
+        args["extra"] = ocp.args.JsonRestore()  # the base's digest (init.register_lora_base)
     manager = ocp.CheckpointManager(Path(run_dir).absolute() / "checkpoints")
     try:
         out = manager.restore(step, args=ocp.args.Composite(**args))
@@ -146,11 +76,11 @@ def load_run(run_dir: str | Path, step: int | None = None):
         saved = cfg.train.precision(model_cfg.param_dtype, model_cfg.dtype, "cpu")[0]
         base = lora_base(cfg, dataclasses.replace(model_cfg, param_dtype=saved), tokenizer)
         recorded = ((out.get("extra") or {}).get("lora_base") or {}).get("fingerprint")
-        if recorded is not None and build.base_fingerprint(base) != recorded:
+        if recorded is not None and base_fingerprint(base) != recorded:
             raise ConfigError(
                 f"{run_dir}: checkpoint {step}'s adapters were trained on another base than the "
                 f"one rebuilt from the run's config (init={cfg.init!r}, seed={cfg.seed}): digest "
-                f"{build.base_fingerprint(base)}, recorded {recorded}; export with the base "
+                f"{base_fingerprint(base)}, recorded {recorded}; export with the base "
                 "the run started from")
         params = lora.join(base, params)
     else:
@@ -165,7 +95,7 @@ def load_run(run_dir: str | Path, step: int | None = None):
 
 
 class _OneProcess:
-    """`build.initial_params`' view of the processes when one process rebuilds a base."""
+    """`initial_params`' view of the processes when one process rebuilds a base."""
 
     multi = False
 
@@ -175,22 +105,11 @@ class _OneProcess:
 
 def lora_base(cfg: RunConfig, model_cfg, tokenizer) -> dict:
     """The frozen base of a LoRA run as host arrays in `model_cfg.param_dtype`, rebuilt the way
-    the run built it (`build.initial_params` on one device: the `init` model, the SFT warm start
+    the run built it (`initial_params` on one device: the `init` model, the SFT warm start
     from its cache -- trained again when the cache is gone -- or the seeded init)."""
-    import jax
-    import numpy as np
-
-    from jaxrl.config import MeshConfig
-    from jaxrl.controller import build
-    from jaxrl.sharding import make_meshes
-
     mesh = make_meshes(MeshConfig(trainer=(1, 1), generator=(1, 1))).trainer
-    task = None
-    if cfg.data.sft.steps:
-        from jaxrl.data.tasks import build_task
-
-        task = build_task(cfg.data)
-    params, _ = build.initial_params(cfg, mesh, tokenizer, task, model_cfg, _OneProcess())
+    task = build_task(cfg.data) if cfg.data.sft.steps else None
+    params, _ = initial_params(cfg, mesh, tokenizer, task, model_cfg, _OneProcess())
     dtype = np.dtype(model_cfg.param_dtype)
     return jax.tree.map(lambda x: np.asarray(jax.device_get(x)).astype(dtype), params)
 
@@ -231,13 +150,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = N
     start) also gets that base, in `dtype`, under `base/`, and the adapter names it. `merge`:
     one merged model (`W + s A B`) instead. Returns what it wrote: {"step", "dtype", "files",
     "tokenizer", "adapter"}."""
-    from flax import nnx
-
-    from jaxrl.models.hf import save_adapter, save_pretrained
-    from jaxrl.models.lora import split
-    from jaxrl.tokenizers import load_tokenizer
-    from jaxrl.train.state import params_from_model
-
     out_dir = Path(out_dir)
     cfg, model_cfg, model, step = load_run(run_dir, step)
     dtype = dtype or model_cfg.param_dtype
@@ -245,12 +157,10 @@ def export_run(run_dir: str | Path, out_dir: str | Path, *, step: int | None = N
     if adapter:
         base_name = cfg.init
         if base_name is None:  # the base exists only in jaxrl: write it beside the adapter
-            from jaxrl.models.transformer import Transformer
-
             plain_cfg = dataclasses.replace(model_cfg, lora=type(model_cfg.lora)())
             graphdef, state = nnx.split(
                 nnx.eval_shape(lambda: Transformer(plain_cfg, rngs=nnx.Rngs(0))))
-            nnx.replace_by_pure_dict(state, split(params_from_model(model))[0])
+            nnx.replace_by_pure_dict(state, lora.split(params_from_model(model))[0])
             base = nnx.merge(graphdef, state)
             base_name = str(save_pretrained(base, plain_cfg, out_dir / "base", dtype=dtype)
                             .absolute())
