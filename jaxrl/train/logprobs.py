@@ -106,6 +106,18 @@ def _chunked_bwd(chunk, keep_probs, entropy_grad, residuals, cotangents):
 _chunked_logp_entropy.defvjp(_chunked_fwd, _chunked_bwd)
 
 
+def target_logprobs(w_EV, h_BTE, targets_BT, *, chunk: int, keep_probs_mb: float = 0.0,
+                    entropy_grad: bool = False):
+    """(logp_BT, entropy_BT) predicted AT each position, `logp_BT[:, t] = log softmax(h_BTE[:, t]
+    @ w_EV)[targets_BT[:, t]]`, unshifted and unmasked (the Tinker service's `target_tokens`):
+    the chunked pass of `logprobs_from_hidden`, same `chunk` / `keep_probs_mb` / `entropy_grad`."""
+    b, t, _ = h_BTE.shape
+    keep_probs = b * t * w_EV.shape[-1] * 4 <= keep_probs_mb * 2**20
+    logp_BT, ent_BT = _chunked_logp_entropy(h_BTE, w_EV, targets_BT, chunk_size(t, chunk),
+                                            keep_probs, entropy_grad)
+    return logp_BT, (ent_BT if entropy_grad else jax.lax.stop_gradient(ent_BT))
+
+
 def logprobs_from_hidden(w_EV, h_BTE, tokens_BT, segment_ids_BT, *, chunk: int,
                          keep_probs_mb: float = 0.0, entropy_grad: bool = False):
     """(logp_BT, entropy_BT) of `tokens` under logits = `h_BTE @ w_EV` (the lm head, see
@@ -123,15 +135,12 @@ def logprobs_from_hidden(w_EV, h_BTE, tokens_BT, segment_ids_BT, *, chunk: int,
     training step 14.6 -> 13.4 s on CPU), or else only the log-normaliser per position, and the
     backward recomputes each chunk's logits.
     """
-    b, t, _ = h_BTE.shape
-    c = chunk_size(t, chunk)
-    keep_probs = b * t * w_EV.shape[-1] * 4 <= keep_probs_mb * 2**20
+    b = h_BTE.shape[0]
     # target of position t is token t+1; the last position has none (masked below).
     tgt_BT = jnp.concatenate([tokens_BT[:, 1:], jnp.zeros_like(tokens_BT[:, :1])], axis=1)
-    lp_next_BT, ent_next_BT = _chunked_logp_entropy(h_BTE, w_EV, tgt_BT, c, keep_probs,
-                                                    entropy_grad)
-    if not entropy_grad:
-        ent_next_BT = jax.lax.stop_gradient(ent_next_BT)
+    lp_next_BT, ent_next_BT = target_logprobs(w_EV, h_BTE, tgt_BT, chunk=chunk,
+                                              keep_probs_mb=keep_probs_mb,
+                                              entropy_grad=entropy_grad)
     # shift right: the prediction made at t-1 belongs to token t.
     zero_B1 = jnp.zeros((b, 1), jnp.float32)
     logp_BT = jnp.concatenate([zero_B1, lp_next_BT[:, :-1]], axis=1)
