@@ -22,6 +22,10 @@ import statistics
 import sys
 import time
 
+import numpy as np
+
+from jaxrl.config import ModelConfig
+
 
 def _parse(argv):
     p = argparse.ArgumentParser(prog="bench.py disaggregated", description=__doc__.split("\n")[0])
@@ -72,9 +76,7 @@ def main(argv=None) -> int:
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}"
     import jax
-    import numpy as np
 
-    from jaxrl.config import ModelConfig
     from jaxrl.generate import JaxEngine, SamplingParams
     from jaxrl.generate.disaggregated import DisaggregatedEngine, split_generator_mesh
     from jaxrl.models import create_model

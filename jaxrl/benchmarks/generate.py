@@ -29,7 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxrl.benchmarks import missing_packages
+from jaxrl.benchmarks import generate_peers, missing_packages
+from jaxrl.benchmarks.generate_peers import parse_vs
+from jaxrl.config import ModelConfig
 
 print = functools.partial(print, flush=True)  # progress shows while the peer runs
 
@@ -105,8 +107,6 @@ def _parse(argv):
 
 
 def _vs(value: str) -> str:
-    from jaxrl.benchmarks.generate_peers import parse_vs
-
     try:
         parse_vs(value)
     except ValueError as e:
@@ -261,8 +261,6 @@ def run_hf(path, prompts, args) -> dict[str, float]:
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     if isolated(args):
-        from jaxrl.benchmarks import generate_peers
-
         return generate_peers.main(args)
     results = run(args)
     if args.json:
@@ -274,7 +272,6 @@ def run(args) -> dict[str, float]:
     """The figures of one run (`args` from `_parse`); prints the text report as it goes."""
     import jax
 
-    from jaxrl.config import ModelConfig
     from jaxrl.models import create_model, param_count
 
     cfg = ModelConfig(

@@ -29,7 +29,10 @@ import statistics
 import sys
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
+
+import numpy as np
 
 from jaxrl.benchmarks import rl_step
 from jaxrl.benchmarks.rl_step import Contender
@@ -76,8 +79,6 @@ def venv_specs() -> dict[str, list[str]]:
     """Pinned requirements: the TRL environment of `rl-step` for `transformers`; CTranslate2
     with torch's CPU wheel and this environment's transformers (its converter loads the saved
     model through them)."""
-    from importlib.metadata import version
-
     return {"trl": rl_step.venv_specs()["trl"],
             "ct2": [f"ctranslate2=={CT2_VERSION}", "torch==2.13.0",
                     f"transformers=={version('transformers')}"]}
@@ -115,8 +116,6 @@ def save_model(out: Path, args: argparse.Namespace) -> Path:
 def workload(args: argparse.Namespace, model: Path) -> dict:
     """What every worker reads (workload.json): the prompts (the in-process bench's: numpy
     generator seeded 0) and the decode settings."""
-    import numpy as np
-
     prompts = np.random.default_rng(0).integers(0, args.vocab, (args.batch, args.prompt))
     return dict(model=str(model), ct2_dir=str(model.parent / "ct2-float32"),
                 prompts=prompts.tolist(), batch=args.batch, prompt_tokens=args.prompt,

@@ -25,6 +25,10 @@ import statistics
 import sys
 import time
 
+import numpy as np
+
+import jaxrl_kernels
+
 PREFILL_T = (1024, 2048, 4096, 8192)
 DECODE_BATCH = (64, 256)
 DECODE_CONTEXT = (1024, 8192)
@@ -76,9 +80,7 @@ def _check_correctness(interpret, dtype):
     """Each kernel against its reference on small shapes; returns a list of failures."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
-    import jaxrl_kernels
     from jaxrl_kernels.decode_attention import decode_attention_reference
     from jaxrl_kernels.flash_attention import flash_attention_reference
     from jaxrl_kernels.paged_decode_attention import paged_decode_attention_reference
@@ -146,7 +148,6 @@ def _check_correctness(interpret, dtype):
 def _prefill(args, on_gpu, dtype, interpret):
     import jax
 
-    import jaxrl_kernels
     from jaxrl_kernels.flash_attention import flash_attention_reference
 
     rows = []
@@ -200,7 +201,6 @@ def _decode(args, dtype, interpret, copy_gbps):
     import jax
     import jax.numpy as jnp
 
-    import jaxrl_kernels
     from jaxrl_kernels.decode_attention import decode_attention_reference
 
     rows = []

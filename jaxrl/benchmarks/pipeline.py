@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl.config import PIPELINE_MODES as MODES
-from jaxrl.cpu import CPU_CORES, unpin_default_client
+from jaxrl.config import load_config
+from jaxrl.cpu import CPU_CORES, simulated_device_flags, unpin_default_client
 
 COLUMNS = (
     ("pipeline/step_s", "step_s"),
@@ -106,8 +107,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args, overrides = _parser().parse_known_args(argv)
     if "XLA_FLAGS" not in os.environ:
-        from jaxrl.cpu import simulated_device_flags
-
         os.environ["XLA_FLAGS"] = simulated_device_flags()
     import jax
 
@@ -170,7 +169,6 @@ def run(args, overrides: list[str], modes: list[str], settings: list[str]
 
 
 def _run_mode(args, overrides: list[str], tmp: str, mode: str, cores: str, tag: str) -> dict:
-    from jaxrl.config import load_config
     from jaxrl.run import run
 
     cfg = load_config(args.config, [

@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from jaxrl.benchmarks.schema import SchemaError, validate
+
 MISSING = "–"
 
 # (row label, where, key, format): where is "machine", "roofline", "doc" or
@@ -78,8 +80,6 @@ def _parse(argv):
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    from jaxrl.benchmarks.schema import SchemaError, validate
-
     docs = []
     for f in args.files:
         try:

