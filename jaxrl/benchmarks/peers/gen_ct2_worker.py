@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import common
+import ctranslate2
 
 COMPUTE = {"f32": "float32", "int8": "int8"}
 
@@ -26,8 +27,6 @@ COMPUTE = {"f32": "float32", "int8": "int8"}
 def main(argv: list[str]) -> int:
     work, mode, *flags = argv
     w = common.load_workload(work)
-    import ctranslate2
-
     if mode == "convert":
         from ctranslate2.converters import TransformersConverter
 

@@ -14,14 +14,13 @@ import sys
 import time
 
 import common
+import torch
+from transformers import AutoModelForCausalLM
 
 
 def main(argv: list[str]) -> int:
     work, *flags = argv
     w = common.load_workload(work)
-    import torch
-    from transformers import AutoModelForCausalLM
-
     torch.set_num_threads(w["threads"])
     model = AutoModelForCausalLM.from_pretrained(w["model"], dtype=torch.float32).eval()
     ids = torch.tensor(w["prompts"])

@@ -15,20 +15,18 @@ from __future__ import annotations
 import sys
 
 import common
+import jax
+
+from jaxrl.generate import JaxEngine, SamplingParams, Scheduler
+from jaxrl.models import load_pretrained
+from jaxrl.models.quant import quantized_copy
 
 
 def main(argv: list[str]) -> int:
     work, quantize, *flags = argv
     w = common.load_workload(work)
-    import jax
-
-    from jaxrl.generate import JaxEngine, SamplingParams, Scheduler
-    from jaxrl.models import load_pretrained
-
     _, model = load_pretrained(w["model"], "float32")
     if quantize != "none":
-        from jaxrl.models.quant import quantized_copy
-
         model = quantized_copy(model, quantize)
     engine = JaxEngine(model, num_slots=w["batch"], max_len=w["prompt_tokens"] + w["new_tokens"],
                        chunk_steps=w["chunk_steps"], prefill_buckets=[w["prompt_tokens"]])

@@ -20,6 +20,14 @@ import sys
 import tempfile
 
 import common
+import jax
+
+from jaxrl.config import GenerateConfig, PipelineConfig, RunConfig
+from jaxrl.data.config import DataConfig
+from jaxrl.rewards import register_reward
+from jaxrl.run import run
+from jaxrl.train import checkpoint
+from jaxrl.train.config import TrainConfig
 
 
 def main(argv: list[str]) -> int:
@@ -28,15 +36,6 @@ def main(argv: list[str]) -> int:
     remat = rest[1] if len(rest) > 1 else "none"
     share_prompts = not (len(rest) > 2 and rest[2] == "noshare")
     w = common.load_workload(assets)
-    import jax
-
-    from jaxrl.config import GenerateConfig, PipelineConfig, RunConfig
-    from jaxrl.data.config import DataConfig
-    from jaxrl.rewards import register_reward
-    from jaxrl.run import run
-    from jaxrl.train import checkpoint
-    from jaxrl.train.config import TrainConfig
-
     register_reward("bench_lowercase", isolated=False)(
         lambda prompt, completion, **_: common.lowercase_share(completion))
     sums: dict[str, list[float]] = {}

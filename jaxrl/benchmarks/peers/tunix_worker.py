@@ -15,10 +15,22 @@ also give the number of new tokens per sample.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
 import common
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from transformers import AutoTokenizer
+from tunix.models.qwen2 import model as qwen2
+from tunix.models.qwen2 import params as qwen2_params
+from tunix.rl import rl_cluster as rl
+from tunix.rl.grpo.grpo_learner import GRPOConfig, GRPOLearner
+from tunix.rl.rollout import base_rollout
 
 NEVER = 259  # an id no sample can produce: the model has 259 logits (0..258)
 
@@ -48,19 +60,6 @@ class FixedLengthTokenizer:
 def main(argv: list[str]) -> int:
     (assets,) = argv
     w = common.load_workload(assets)
-    import json
-
-    import jax
-    import jax.numpy as jnp
-    import optax
-    from flax import nnx
-    from transformers import AutoTokenizer
-    from tunix.models.qwen2 import model as qwen2
-    from tunix.models.qwen2 import params as qwen2_params
-    from tunix.rl import rl_cluster as rl
-    from tunix.rl.grpo.grpo_learner import GRPOConfig, GRPOLearner
-    from tunix.rl.rollout import base_rollout
-
     hf_cfg = json.load(open(f"{w['model']}/config.json"))
     heads = hf_cfg["num_attention_heads"]
     rope = (hf_cfg.get("rope_parameters") or {}).get("rope_theta", hf_cfg.get("rope_theta"))
@@ -145,8 +144,6 @@ def main(argv: list[str]) -> int:
 
     learner._run_global_step = timed_step
     cluster.sync_weights = timed_sync
-    import numpy as np
-
     batch = {"prompts": np.array(w["texts"][:n_prompts])}  # one leaf: Tunix tree-maps repeats
     learner.train([dict(batch) for _ in range(steps)])
     if step.get("pending"):
