@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from jaxrl.config.data import SPLITS
 from jaxrl.data import pysynth
+from jaxrl.data.records import _hf_records, field_mapper, in_memory
 from jaxrl.data.sources import GeneratedSource, RecordError, RecordSource, load_records
+from jaxrl.rewards import RewardSpec
 
 if TYPE_CHECKING:
     from jaxrl.config import RunConfig
@@ -69,8 +71,6 @@ class Task:
         return [src[i] for i in range(n)]
 
     def reward_spec(self, timeout_s: float = 10.0):
-        from jaxrl.rewards import RewardSpec
-
         return RewardSpec.from_weights(dict(self.rewards), dict(self.reward_options),
                                        timeout_s=timeout_s)
 
@@ -317,8 +317,6 @@ def records_task(cfg: DataConfig, *, train: Sequence[Mapping] | None = None,
     """A `Task` over mapped records: from `train` / `eval` lists when given, else from the
     config's files or `datasets` dataset. Without eval records the last `eval_size` train
     records are held out."""
-    from jaxrl.data.records import _hf_records, field_mapper, in_memory
-
     mapper = field_mapper(cfg)
 
     @functools.cache
