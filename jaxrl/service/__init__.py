@@ -3,5 +3,5 @@
 `python launch/serve.py --base-model DIR_OR_ID` serves one base model; scripts written against
 the official `tinker` SDK point `ServiceClient(base_url=...)` at it. `backend.py`: the base, the
 LoRA training clients, sampling; `server.py`: HTTP routes and futures; `wire.py`: protobuf
-bodies; `losses.py`: the SDK's built-in losses. See docs/service.md.
+bodies; `compute.py`: the jitted losses (the maths: `jaxrl.train.tinker`). See docs/service.md.
 """

@@ -1,7 +1,7 @@
 """One frozen base, many LoRA training clients: the compute behind the Tinker service.
 
 A training client is a `TrainingModel`: its adapters (`*_lora_a` / `*_lora_b`, pure dicts), its
-Adam moments, its accumulated gradients. The base is held once (`Backend.base`) and joined to a
+optax Adam state, its accumulated gradients. The base is held once (`Backend.base`) and joined to a
 client's adapters inside each jitted function (`lora.join`), so clients share the base and its
 compiled functions (one per adapter layout and loss), never each other's state: a client's
 arrays are only read and written by its own requests.
@@ -35,15 +35,20 @@ from jaxrl.generate.sampling import SamplingParams
 from jaxrl.generate.scheduler import Scheduler
 from jaxrl.generate.stops import StopText
 from jaxrl.models import lora
+from jaxrl.models.hf import load_pretrained
+from jaxrl.models.hub import resolve
 from jaxrl.models.model import abstract_model
 from jaxrl.models.transformer import Transformer
+from jaxrl.presets import tiny_model_config, tiny_task_model_config
 from jaxrl.rounding import next_power_of_two
-from jaxrl.service.compute import ADAM_DEFAULTS, accumulate, adam_update, jit_logprobs, jitted_loss
-from jaxrl.service.losses import LOSSES
+from jaxrl.service import compute
 from jaxrl.service.store import BadPath, Store, parse_path
 from jaxrl.service.wire import ForwardBackwardRequest
+from jaxrl.tokenizers import CharTokenizer, load_tokenizer
+from jaxrl.train import tinker
 
 ATTN, MLP = ("q", "k", "v", "o"), ("gate", "up", "down")
+_copy = functools.partial(jax.tree.map, jnp.copy)
 
 
 class UserError(ValueError):
@@ -60,8 +65,7 @@ class TrainingModel:
     lora: LoraConfig
     graphdef: nnx.GraphDef
     adapters: dict
-    mu: dict
-    nu: dict
+    opt_state: tuple  # optax's (a NamedTuple): `jaxrl.train.tinker.adam_state`
     steps: int = 0
     grads: dict | None = None
 
@@ -122,22 +126,14 @@ class Backend:
         """`ref`: "tiny" / "tiny-task" (random `presets` models with the char tokenizer's EOS:
         tests and demos), a local Hugging Face directory or a Hub id."""
         if ref in ("tiny", "tiny-task"):
-            from jaxrl.presets import tiny_model_config, tiny_task_model_config
-            from jaxrl.tokenizers import load_tokenizer
-
             cfg = tiny_model_config() if ref == "tiny" else tiny_task_model_config()
             base = nnx.to_pure_dict(nnx.state(Transformer(cfg, rngs=nnx.Rngs(0))))
             tok = load_tokenizer("char")
             return cls(cfg, base, ref, eos_ids=(tok.eos_id,), tokenizer=tok, **kw)
-        from jaxrl.models.hf import load_pretrained
-        from jaxrl.models.hub import resolve
-
         path = resolve(ref, what="--base-model")
         cfg, model = load_pretrained(path)
         tok = None
         try:
-            from jaxrl.tokenizers import load_tokenizer
-
             tok = load_tokenizer(str(path))
         except Exception:  # noqa: BLE001 - no tokenizer: sample to max_tokens, stop ids only
             pass
@@ -156,21 +152,21 @@ class Backend:
         mcfg = dataclasses.replace(self.cfg, lora=lcfg)
         return lora.split(nnx.to_pure_dict(nnx.state(Transformer(mcfg, rngs=nnx.Rngs(seed)))))[1]
 
-    def _new_id(self, model_id: str | None) -> str:
+    def _add(self, lcfg: LoraConfig | None, graphdef, params, model_id: str | None = None
+             ) -> str:
+        """A new training client of these weights, fresh Adam; `model_id`: its id, None: new."""
         if model_id is None:
-            return f"run-{self.epoch}-{next(self._ids)}"
-        if model_id in self.models:
+            model_id = f"run-{self.epoch}-{next(self._ids)}"
+        elif model_id in self.models:
             raise UserError(f"model_id {model_id!r} already exists")
+        self.models[model_id] = TrainingModel(model_id, lcfg, graphdef, params,
+                                              tinker.adam_state(params))
         return model_id
 
     def create(self, lcfg: LoraConfig, seed: int | None = None) -> str:
         seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
         adapters = jax.jit(functools.partial(self._init_adapters, lcfg, seed))()
-        zeros = lora.zeros_like(adapters)
-        model_id = self._new_id(None)
-        self.models[model_id] = TrainingModel(model_id, lcfg, self._graph(lcfg), adapters,
-                                              zeros, lora.zeros_like(adapters))
-        return model_id
+        return self._add(lcfg, self._graph(lcfg), adapters)
 
     def create_from_state(self, path: str, with_optimizer: bool, model_id: str | None = None
                           ) -> str:
@@ -183,24 +179,15 @@ class Backend:
             raise UserError(f"{path} holds no optimizer state (save_weights_for_sampler saves "
                             "weights only); load it without the optimizer, or use a save_state "
                             "path")
-        model_id = self._new_id(model_id)
-        copy = lambda t: jax.tree.map(jnp.copy, t)
-        m = TrainingModel(model_id, s.lora, s.graphdef, copy(s.adapters),
-                          lora.zeros_like(s.adapters), lora.zeros_like(s.adapters))
-        if with_optimizer:
-            m.mu, m.nu, m.steps = copy(s.mu), copy(s.nu), s.steps
-        self.models[model_id] = m
+        model_id = self._add(s.lora, s.graphdef, s.adapters, model_id)
+        self.load_state(model_id, path, with_optimizer)  # copies the save's arrays
         return model_id
 
     def create_full(self) -> str:
         """A full-parameter training client (the server's `--full-params` mode): its `adapters`
         are a copy of every base parameter and `lora` is None, so `lora.join(base, adapters)` is
         that copy and the same loss, Adam, save and sampling paths train and serve all of it."""
-        params = jax.tree.map(jnp.copy, self.base)
-        model_id = self._new_id(None)
-        self.models[model_id] = TrainingModel(model_id, None, self.base_graphdef, params,
-                                              lora.zeros_like(params), lora.zeros_like(params))
-        return model_id
+        return self._add(None, self.base_graphdef, _copy(self.base))
 
     def get(self, model_id: str) -> TrainingModel:
         if model_id not in self.models:
@@ -212,10 +199,10 @@ class Backend:
     def check(self, req: ForwardBackwardRequest) -> None:
         """Reject a malformed batch before it is queued (shapes, ids, loss, size)."""
         self.get(req.model_id)
-        if req.loss_fn not in LOSSES:
+        if req.loss_fn not in tinker.LOSSES:
             raise UserError(f"loss_fn {req.loss_fn!r} is not supported; this server has "
-                            f"{sorted(LOSSES)}")
-        _, required, optional, defaults = LOSSES[req.loss_fn]
+                            f"{sorted(tinker.LOSSES)}")
+        _, required, optional, defaults = tinker.LOSSES[req.loss_fn]
         unknown = sorted(set(req.config) - set(defaults))
         if unknown:
             raise UserError(f"loss_fn_config keys {unknown} are not used by {req.loss_fn}; "
@@ -285,7 +272,7 @@ class Backend:
         two (repeats of the first request, discarded) to bound compiles."""
         models = [self.get(r.model_id) for r in reqs]
         loss_fn, forward_only = reqs[0].loss_fn, reqs[0].forward_only
-        _, required, optional, defaults = LOSSES[loss_fn]
+        _, required, optional, defaults = tinker.LOSSES[loss_fn]
         n = next_power_of_two(len(reqs))
         b, t = self._padded_shape(reqs[0])
         tokens = np.zeros((n, b, t), np.int32)
@@ -299,20 +286,19 @@ class Backend:
                 m = len(d.tokens)
                 tokens[j, i, :m], targets[j, i, :m] = d.tokens, d.inputs["target_tokens"]
                 mask[j, i, :m] = 1
-                for k in optional:
-                    inputs[k][j, i, :m] = d.inputs.get(k, optional[k])
-                for k in required:
-                    inputs[k][j, i, :m] = d.inputs[k]
+                for k in inputs:  # `check` saw the required ones
+                    inputs[k][j, i, :m] = d.inputs.get(k, optional.get(k))
             for k, v in defaults.items():
                 cfg[k][j] = req.config.get(k, v)
         picks = tuple(models[j if j < len(reqs) else 0].adapters for j in range(n))
         args = (picks, self.base, tokens, targets, mask, inputs, cfg)
+        out = compute.jitted_loss(models[0].graphdef, loss_fn, not forward_only)(*args)
         if forward_only:
-            loss, (logp, per_tok) = jitted_loss(models[0].graphdef, loss_fn, False)(*args)
+            loss, (logp, per_tok) = out
         else:
-            (loss, (logp, per_tok)), grads = jitted_loss(models[0].graphdef, loss_fn, True)(*args)
+            (loss, (logp, per_tok)), grads = out
             for m, g in zip(models, grads, strict=False):  # padding's gradients dropped
-                m.grads = g if m.grads is None else accumulate(m.grads, g)
+                m.grads = g if m.grads is None else compute.accumulate(m.grads, g)
         loss, logp, per_tok = np.asarray(loss), np.asarray(logp), np.asarray(per_tok)
         results = []
         for j, req in enumerate(reqs):
@@ -323,13 +309,13 @@ class Backend:
         return results
 
     def optim_step(self, model_id: str, adam: dict) -> dict:
+        """Adam on the accumulated gradient, the request's `AdamParams` set in the optax state."""
         m = self.get(model_id)
-        hp = {k: float(adam.get(k, v)) for k, v in ADAM_DEFAULTS.items()}
+        m.opt_state.hyperparams.update(
+            {k: jnp.float32(float(adam.get(k, v))) for k, v in tinker.ADAM_DEFAULTS.items()})
         if m.grads is None:  # nothing accumulated: Adam with a zero gradient
             m.grads = lora.zeros_like(m.adapters)
-        hp = {k: jnp.float32(v) for k, v in hp.items()}
-        m.adapters, m.mu, m.nu, gnorm = adam_update(m.adapters, m.grads, m.mu, m.nu,
-                                                    jnp.float32(m.steps + 1), hp)
+        m.adapters, m.opt_state, gnorm = tinker.adam_update(m.adapters, m.grads, m.opt_state)
         m.steps, m.grads = m.steps + 1, None
         return {"grad_norm:mean": float(gnorm)}
 
@@ -345,10 +331,8 @@ class Backend:
             parse_path(path)
         except BadPath as e:
             raise UserError(f"save: {e}") from e
-        copy = lambda t: jax.tree.map(jnp.copy, t)
-        snap = Snapshot(m.lora, m.graphdef, copy(m.adapters),
-                        copy(m.mu) if with_optimizer else None,
-                        copy(m.nu) if with_optimizer else None, m.steps)
+        mu, nu = _copy(tinker.adam_moments(m.opt_state)) if with_optimizer else (None, None)
+        snap = Snapshot(m.lora, m.graphdef, _copy(m.adapters), mu, nu, m.steps)
         if self.store is not None:
             trees = {"adapters": snap.adapters}
             if with_optimizer:
@@ -396,10 +380,9 @@ class Backend:
         m, s = self.get(model_id), self.snapshot(path)
         if s.lora != m.lora:
             raise UserError(f"{path} has LoRA {s.lora}, model {model_id} has {m.lora}")
-        copy = lambda t: jax.tree.map(jnp.copy, t)
-        m.adapters, m.grads = copy(s.adapters), None
+        m.adapters, m.grads = _copy(s.adapters), None
         if with_optimizer and s.mu is not None:
-            m.mu, m.nu, m.steps = copy(s.mu), copy(s.nu), s.steps
+            m.opt_state, m.steps = tinker.adam_state(m.adapters, s.mu, s.nu, s.steps), s.steps
 
     # --------------------------------------------------------------------------- sampling
 
@@ -501,7 +484,7 @@ class Backend:
         targets = np.zeros((1, t), np.int32)
         tokens[0, :len(prompt)] = prompt
         targets[0, :len(prompt) - 1] = prompt[1:]
-        logp = np.asarray(jit_logprobs(graphdef)(adapters, self.base, tokens, targets))[0]
+        logp = np.asarray(compute.jit_logprobs(graphdef)(adapters, self.base, tokens, targets))[0]
         return np.concatenate([[np.nan], logp[:len(prompt) - 1]]).astype(np.float32)
 
     def info(self) -> dict:
@@ -512,8 +495,6 @@ def text_decoder(tokenizer):
     """`decode(ids) -> str` for stop strings: special tokens kept (a stop string may be one's
     text), and each id past the tokenizer's vocabulary (a padded embedding row) one U+FFFD, so
     every id adds text (`StopText` looks back a window of ids as long as the string's bytes)."""
-    from jaxrl.tokenizers import CharTokenizer
-
     if isinstance(tokenizer, CharTokenizer):
         return functools.partial(tokenizer.decode, stop_at_eos=False, errors="replace")
 

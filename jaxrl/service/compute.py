@@ -1,8 +1,6 @@
-"""The service's jitted pure functions: LoRA losses for N adapters at once, and Tinker's Adam.
-
-They hold no state: `Backend` (backend.py) passes each client's adapters, moments and the shared
-base in, and keeps what comes back.
-"""
+"""The service's jitted losses of N LoRA adapters at once: the trainer's chunked log-prob pass
+and the Tinker losses (`jaxrl.train.tinker`). Stateless: `Backend` passes each client's adapters
+and the shared base in, and keeps what comes back."""
 
 from __future__ import annotations
 
@@ -10,23 +8,25 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 
 from jaxrl.models import lora
-from jaxrl.service.losses import LOSSES
+from jaxrl.train import tinker
+from jaxrl.train.logprobs import target_logprobs
+
+LOGPROB_CHUNK = 128  # positions per lm-head chunk (as `TrainConfig.logprob_chunk`)
 
 
 def _logprobs(adapters, base, tokens_BT, targets_BT, *, graphdef):
     model = nnx.merge(graphdef, lora.join(base, adapters))
-    logits_BTV = model(tokens_BT)
-    logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
-    return jnp.take_along_axis(logp_BTV, targets_BT[..., None], axis=-1)[..., 0]
+    h_BTE = model.hidden(tokens_BT)
+    w_EV = model.head_weight(h_BTE.dtype)
+    return target_logprobs(w_EV, h_BTE, targets_BT, chunk=LOGPROB_CHUNK)[0]
 
 
 def _loss(adapters, base, tokens_BT, targets_BT, mask_BT, inputs, cfg, *, graphdef, loss):
     logp_BT = _logprobs(adapters, base, tokens_BT, targets_BT, graphdef=graphdef)
-    per_token_BT = LOSSES[loss][0](logp_BT, inputs, cfg) * mask_BT
+    per_token_BT = tinker.LOSSES[loss][0](logp_BT, inputs, cfg) * mask_BT
     return jnp.sum(per_token_BT), (logp_BT, per_token_BT)
 
 
@@ -54,33 +54,9 @@ def jitted_loss(graphdef, loss: str, backward: bool):
     return jax.jit(step)
 
 
-accumulate = jax.jit(lambda acc, g: jax.tree.map(jnp.add, acc, g), donate_argnums=0)
-
-
-@functools.partial(jax.jit, donate_argnums=(0, 2, 3))
-def adam_update(params, grads, mu, nu, count, hp):
-    """Decoupled-weight-decay Adam (AdamW, Loshchilov & Hutter 2019) with Tinker's `AdamParams`
-    (`hp`: learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm; clipping by global norm
-    when > 0). `count` is the 1-based step for bias correction."""
-    gnorm = optax.global_norm(grads)
-    clip = hp["grad_clip_norm"]
-    scale = jnp.where(clip > 0, jnp.minimum(1.0, clip / jnp.maximum(gnorm, 1e-12)), 1.0)
-    b1, b2 = hp["beta1"], hp["beta2"]
-    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g * scale, mu, grads)
-    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g * scale), nu, grads)
-    c1, c2 = 1 - b1**count, 1 - b2**count
-
-    def step(p, m, v):
-        upd = (m / c1) / (jnp.sqrt(v / c2) + hp["eps"]) + hp["weight_decay"] * p
-        return p - hp["learning_rate"] * upd
-
-    return jax.tree.map(step, params, mu, nu), mu, nu, gnorm
-
-
-ADAM_DEFAULTS = dict(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12, weight_decay=0.0,
-                     grad_clip_norm=0.0)
-
-
 @functools.cache
 def jit_logprobs(graphdef):
     return jax.jit(functools.partial(_logprobs, graphdef=graphdef))
+
+
+accumulate = jax.jit(lambda acc, g: jax.tree.map(jnp.add, acc, g), donate_argnums=0)

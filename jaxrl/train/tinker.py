@@ -1,0 +1,102 @@
+"""The Tinker SDK's training maths, pure (served by `jaxrl.service`): its built-in losses
+(`forward_backward(data, loss_fn, loss_fn_config)`) and its `optim_step(AdamParams)` in optax.
+
+Losses: `fn(logp_BT, inputs, cfg) -> loss_BT`, `logp_BT[b, t]` = log pi of `target_tokens[b, t]`
+from the logits AT position t (targets come shifted: `jaxrl.train.logprobs.target_logprobs`);
+`inputs`: the other `loss_fn_inputs`, [B, T] f32, all per token (`advantages` A too, unlike the
+trainer's `algorithms`; `logprobs` = q, the sampler's); `cfg`: the `loss_fn_config` scalars.
+They are SUMS: the caller masks `loss_BT` and sums it over tokens and datums (`loss:sum`), never
+a mean (clients normalise through `weights` / `advantages`). `clip_low_threshold` /
+`clip_high_threshold` (ppo, cispo) bound the ratio `r_t = exp(logp_t - q_t)` itself, not 1 -/+
+eps. `LOSSES[name]` = (fn, required inputs besides `target_tokens`, optional inputs with their
+default, config keys with their default).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def cross_entropy(logp_BT, inputs, cfg):
+    """Weighted negative log-likelihood, `L_t = -w_t log pi(y_t)` (`weights` default to 1).
+    With arbitrary float weights this is the linear surrogate the SDK's client-side custom
+    losses send (`forward_backward_custom`)."""
+    return -inputs["weights"] * logp_BT
+
+
+def importance_sampling(logp_BT, inputs, cfg):
+    """REINFORCE with an importance weight, `L_t = -r_t A_t`, whose gradient is
+    `-r_t A_t grad log pi(y_t)`: q corrects for sampling with other weights (the off-policy
+    policy gradient; Degris, White & Sutton 2012, "Off-Policy Actor-Critic")."""
+    return -jnp.exp(logp_BT - inputs["logprobs"]) * inputs["advantages"]
+
+
+def ppo(logp_BT, inputs, cfg):
+    """PPO's clipped surrogate, `L_t = -min(r_t A_t, clip(r_t, low, high) A_t)`; `low` / `high`
+    = `clip_low_threshold` / `clip_high_threshold`. Schulman et al. 2017, "Proximal Policy
+    Optimization Algorithms" (arXiv:1707.06347), eq. 7."""
+    r = jnp.exp(logp_BT - inputs["logprobs"])
+    a = inputs["advantages"]
+    clipped = jnp.clip(r, cfg["clip_low_threshold"], cfg["clip_high_threshold"])
+    return -jnp.minimum(r * a, clipped * a)
+
+
+def cispo(logp_BT, inputs, cfg):
+    """CISPO: a clipped, stop-gradient importance weight on the policy-gradient term,
+    `L_t = -sg(clip(r_t, low, high)) A_t log pi(y_t)` (every token keeps its gradient).
+    MiniMax 2025, "MiniMax-M1" (arXiv:2506.13585), eq. 4-5."""
+    r = jnp.exp(logp_BT - inputs["logprobs"])
+    w = jax.lax.stop_gradient(jnp.clip(r, cfg["clip_low_threshold"], cfg["clip_high_threshold"]))
+    return -w * inputs["advantages"] * logp_BT
+
+
+# the SDK's documented config defaults for ppo / cispo
+_RL, _CLIP = ("logprobs", "advantages"), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+LOSSES = {
+    "cross_entropy": (cross_entropy, (), {"weights": 1.0}, {}),
+    "importance_sampling": (importance_sampling, _RL, {}, {}),
+    "ppo": (ppo, _RL, {}, _CLIP),
+    "cispo": (cispo, _RL, {}, _CLIP),
+}
+
+# tinker.types.AdamParams' defaults (SDK 0.38): `ADAM`'s hyper-parameters, set per optim_step
+ADAM_DEFAULTS = dict(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12, weight_decay=0.0,
+                     grad_clip_norm=0.0)
+
+
+def _tinker_adam(learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm):
+    """AdamW (decoupled weight decay; Loshchilov & Hutter 2019) after clipping by global norm
+    (`grad_clip_norm` 0: none): `p -= lr (m_hat / (sqrt(v_hat) + eps) + wd p)`, `m_hat = m /
+    (1 - beta1^k)`, `v_hat = v / (1 - beta2^k)` at the k-th step."""
+    clip = jnp.where(grad_clip_norm > 0, grad_clip_norm, jnp.inf)
+    return optax.chain(optax.clip_by_global_norm(clip),
+                       optax.adamw(learning_rate, beta1, beta2, eps, weight_decay=weight_decay))
+
+
+ADAM = optax.inject_hyperparams(_tinker_adam)(**ADAM_DEFAULTS)
+
+
+def adam_state(params, mu=None, nu=None, steps: int = 0):
+    """A fresh Adam state for `params`, or one resuming (copies of) saved moments after `steps`
+    steps (Adam's count; `inject_hyperparams`' own count drives only schedules: none here)."""
+    state = ADAM.init(params)
+    if mu is None:
+        return state
+    adam = optax.ScaleByAdamState(jnp.asarray(steps, jnp.int32), *jax.tree.map(jnp.copy, (mu, nu)))
+    return optax.tree_utils.tree_set(state, ScaleByAdamState=adam)
+
+
+def adam_moments(state) -> tuple:  # (mu, nu) of an `adam_state`: what a save holds
+    return optax.tree_utils.tree_get(state, "mu"), optax.tree_utils.tree_get(state, "nu")
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 2))
+def adam_update(params, grads, state):
+    """(params, state, global gradient norm before clipping) after one step with the
+    hyper-parameters set in `state.hyperparams`."""
+    updates, state = ADAM.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, optax.global_norm(grads)
