@@ -14,7 +14,7 @@ used on the client side only for what a Tinker user brings themselves: the task'
 (`configs/default.py`'s data), its tokenizer (to detokenise) and its reward (run here, in the
 local sandbox pool). Held-out pass@1 is measured through the SDK sampler too: the first
 `--eval-size` held-out prompts, `--eval-k` samples each at temperature 1 with the same seed at
-every evaluation, correct when the reward is 1 (as `jaxrl.controller.evaluator`).
+every evaluation, correct when the reward is 1 (as `jaxrl.rl.evaluator`).
 """
 
 from __future__ import annotations

@@ -52,8 +52,8 @@ def main(argv: list[str]) -> int:
 
     progress.set_enabled(not args.quiet)
     import jaxrl.run
-    from jaxrl.controller.stopping import Terminated
     from jaxrl.data.sources import RecordError
+    from jaxrl.rl.stopping import Terminated
 
     stop_on_sigterm()
     try:
@@ -79,13 +79,13 @@ def main(argv: list[str]) -> int:
 
 
 def stop_on_sigterm() -> None:
-    """Before the run (which handles signals itself, jaxrl/controller/stopping.py): SIGTERM stops
+    """Before the run (which handles signals itself, jaxrl/rl/stopping.py): SIGTERM stops
     like Ctrl-C (exit 143); a second SIGTERM exits at once."""
     import signal
 
     def first(signum, frame):
         signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
-        from jaxrl.controller.stopping import Terminated
+        from jaxrl.rl.stopping import Terminated
 
         raise Terminated()
 

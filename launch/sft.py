@@ -41,9 +41,9 @@ def main(argv: list[str]) -> None:
 def _warm_start_and_evaluate(cfg, export_dir: str | None) -> None:
     import jax
 
-    from jaxrl.controller.evaluator import evaluate
     from jaxrl.data.tasks import build_task
     from jaxrl.rewards import RewardScorer
+    from jaxrl.rl.evaluator import evaluate
     from jaxrl.sandbox.pool import LocalSandboxPool
     from jaxrl.sharding import make_mesh
     from jaxrl.tokenizers import load_tokenizer

@@ -1,6 +1,6 @@
 """The run of tests/test_multiprocess.py as an experiment file (loaded by every process).
 
-The tiny model of tests/controller/run_helpers.py with a dense test reward, so that every group
+The tiny model of tests/rl/run_helpers.py with a dense test reward, so that every group
 carries a learning signal (a random model never solves the real task): the losses, gradients and
 parameters that the single- and two-process runs are compared on are then not all zero. The
 trainer mesh is fsdp=2: two devices of one process, or one device of each of two processes; the
@@ -12,7 +12,7 @@ import sys
 import zlib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent / "controller"))
+sys.path.insert(0, str(Path(__file__).parent / "rl"))
 from run_helpers import tiny_run_config  # noqa: E402
 
 from jaxrl.config import MeshConfig  # noqa: E402

@@ -1,6 +1,6 @@
 """`python launch/bench.py rebalance`: its arguments are checked before any run (and before JAX
 is imported), and its figures from metrics rows are checked by hand. A full run of both policies
-takes minutes on CPU (docs/benchmarks.md records one); tests/controller/test_rebalance_auto.py
+takes minutes on CPU (docs/benchmarks.md records one); tests/rl/test_rebalance_auto.py
 runs `auto` against a slow generator end to end."""
 
 import subprocess

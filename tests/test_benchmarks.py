@@ -72,7 +72,7 @@ def test_reshard_benchmark_runs_on_the_tiny_model(capsys):
 def test_pipeline_benchmark_compares_modes_under_each_cpu_setting(tmp_path, capsys):
     from jaxrl import cpu
 
-    config = Path(__file__).parent / "controller" / "tiny_config.py"
+    config = Path(__file__).parent / "rl" / "tiny_config.py"
     settings = "shared" if cpu.split_unavailable() else "shared,split"
     out = tmp_path / "pipe.json"
     rc = bench.main(["pipeline", "--config", str(config), "--steps", "3", "--warmup", "1",

@@ -5,7 +5,7 @@ import inspect
 from pathlib import Path
 
 from jaxrl.config import PipelineConfig
-from jaxrl.controller.buffer import Group, Rollout, RolloutBuffer
+from jaxrl.rl.buffer import Group, Rollout, RolloutBuffer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,8 +16,8 @@ import pytest
 from flax import nnx
 
 from jaxrl.config import GenerateConfig, MeshConfig, RunConfig
-from jaxrl.controller import build
 from jaxrl.presets import tiny_model_config
+from jaxrl.rl import metrics as build
 from jaxrl.sharding import make_meshes
 from jaxrl.train.checkpoint import Checkpointer
 from jaxrl.train.config import TrainConfig

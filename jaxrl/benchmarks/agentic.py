@@ -78,8 +78,8 @@ def env_class(tool: str, turns: int, latency: tuple[float, float], turn_tokens: 
 def run_round(engine, tokenizer, env_cls, *, episodes: int, blocking: bool, sessions,
               max_tokens: int, turn_tokens: int, seed: int) -> dict:
     """One round of `episodes` episodes; returns generated tokens, seconds, tokens/s."""
-    from jaxrl.controller.multiturn import EpisodeRunner
     from jaxrl.generate import SamplingParams, Scheduler
+    from jaxrl.rl.multiturn import EpisodeRunner
 
     runner = EpisodeRunner(Scheduler(engine), tokenizer, env_cls, sessions=sessions,
                            max_tokens=max_tokens, tool_threads=episodes, blocking=blocking)

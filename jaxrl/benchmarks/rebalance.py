@@ -4,7 +4,7 @@ Both runs start from the same split (`--start T:G`, by default 6:2 of 8 devices;
 simulated CPU devices without an accelerator) with a generator made slow
 (`generate.debug_chunk_delay_s`, split among its devices, so it speeds up with chips): one keeps
 that split (`pipeline.rebalance=off`), the other lets the live policy move devices
-(`pipeline.rebalance=auto`, jaxrl/controller/rebalance.py). Same experiment, same steps, in the
+(`pipeline.rebalance=auto`, jaxrl/rl/rebalance.py). Same experiment, same steps, in the
 same process; with `--repeats` the order alternates. Throughput is samples consumed per
 wall-clock second over the steps after `--warmup` (the first compiles): their windows plus the
 moves' pauses, so the auto run pays for its moves and their recompilation inside it. Reported:

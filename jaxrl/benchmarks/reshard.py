@@ -2,7 +2,7 @@
 
 The parameters of a model (default: the ~40M Qwen2-shaped model of `bench.py train`) are created
 sharded on a trainer mesh and moved onto the generator mesh's shardings, built from a disjoint
-set of devices, by `jaxrl.controller.weight_sync.WeightSync` (what `launch/run.py` does every
+set of devices, by `jaxrl.rl.sync.WeightSync` (what `launch/run.py` does every
 step). The peer in the same run is the host round trip a framework without device-to-device
 resharding falls back to: `jax.device_get` of every parameter, then `jax.device_put` onto the
 same targets. Both move the same bytes (after the optional dtype cast); each repetition runs the
@@ -64,8 +64,8 @@ def run(args) -> dict:
     from flax import nnx
 
     from jaxrl.config import MeshConfig
-    from jaxrl.controller.weight_sync import WeightSync
     from jaxrl.models.model import abstract_model, create_model
+    from jaxrl.rl.sync import WeightSync
     from jaxrl.sharding import make_meshes, pure_state_shardings
 
     if args.model == "bench":
@@ -144,10 +144,10 @@ def lora_rows(args, model_cfg, meshes, full_sync, full_params) -> dict:
     from flax import nnx
 
     from jaxrl.config import LoraConfig
-    from jaxrl.controller.build import lora_publisher
     from jaxrl.models import lora
     from jaxrl.models.model import create_model
     from jaxrl.models.transformer import KVCache
+    from jaxrl.rl.sync import lora_publisher
 
     r = args.lora_rank
     publishers, graphdefs, states = {}, {}, {}

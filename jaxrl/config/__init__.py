@@ -38,7 +38,7 @@ from jaxrl.config.sections import (
     PipelineMode,
     RewardsConfig,
     RopeScaling,
-    ahead_for,
+    lead_for,
 )
 from jaxrl.config.train import TrainConfig
 
@@ -47,7 +47,7 @@ __all__ = [
     "LoraConfig",
     "DTypeName", "DataConfig", "DataConfigError", "DistConfig",
     "GenerateConfig", "MeshConfig", "ModelConfig", "PipelineConfig", "PipelineMode",
-    "RewardsConfig", "RopeScaling", "RunConfig", "SFTConfig", "TrainConfig", "ahead_for",
+    "RewardsConfig", "RopeScaling", "RunConfig", "SFTConfig", "TrainConfig", "lead_for",
     "apply_override", "apply_overrides", "load_config", "parse_value",
     "to_dict", "validate_literals",
 ]

@@ -10,7 +10,6 @@ Every invalid value fails in `__post_init__` with the field, the value received 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any, Literal
 
 from jaxrl.config.base import ConfigError, check
@@ -24,11 +23,17 @@ BUILTIN_TASKS: tuple[str, ...] = ("arith", "code_feedback", "gsm8k_jsonl", "look
                                   "python_tool", "records")
 
 
+_TASK_NAMES: set[str] = set(BUILTIN_TASKS)  # and those `jaxrl.data.tasks.register_task` adds
+
+
 def task_names() -> list[str]:
-    """Registered task names. The registry (`jaxrl.data.tasks`) is consulted only once something
-    imported it (registering a custom task does), so reading a config stays cheap."""
-    tasks = sys.modules.get("jaxrl.data.tasks")
-    return tasks.task_names() if tasks is not None else sorted(BUILTIN_TASKS)
+    """Registered task names: the built-ins, and every name registered since (`register_task`
+    adds its name here), so reading a config needs no import of the task registry."""
+    return sorted(_TASK_NAMES)
+
+
+def add_task_name(name: str) -> None:
+    _TASK_NAMES.add(name)
 
 
 class DataConfigError(ConfigError):

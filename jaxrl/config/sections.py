@@ -375,7 +375,7 @@ PipelineMode = Literal["sync", "periodic", "async", "inflight"]
 PIPELINE_MODES: tuple[str, ...] = typing.get_args(PipelineMode)
 
 
-def ahead_for(mode: str, max_staleness: int) -> int:
+def lead_for(mode: str, max_staleness: int) -> int:
     """How many policy versions the generator may run ahead of the trainer in `mode`: 0 for
     `sync`, 1 for `periodic`, `max_staleness` for `async` and `inflight` (the run needs >= 1 there,
     which `PipelineConfig` checks; the planner also models k = 0)."""
@@ -385,7 +385,7 @@ def ahead_for(mode: str, max_staleness: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
-    """How generation overlaps training (see jaxrl.controller.pipeline)."""
+    """How generation overlaps training (see jaxrl.rl.loop)."""
 
     mode: PipelineMode = "periodic"
     steps: int = 40  # RL updates in the run
@@ -396,13 +396,13 @@ class PipelineConfig:
     max_oversample_rounds: int = 2  # extra prompt draws to replace zero-variance groups
     # "auto" (async / inflight): the lead, how many versions the generator may run ahead, moves
     # within 0..max_staleness with the measured drift between behaviour and current policy
-    # (M2 of the log ratio against lead_tau; jaxrl.controller.lead); "fixed": max_staleness
+    # (M2 of the log ratio against lead_tau; jaxrl.rl.lead); "fixed": max_staleness
     lead: Literal["fixed", "auto"] = "fixed"
     lead_tau: float = 0.04  # M2PO's tau
     # every this many steps, a few (prompt, completion, reward) samples go to TensorBoard (text)
     # and <run_dir>/samples.jsonl; 0 = off
     samples_every: int = 10
-    # live rebalancing (jaxrl/controller/rebalance.py): "auto" moves chips between the trainer
+    # live rebalancing (jaxrl/rl/rebalance.py): "auto" moves chips between the trainer
     # and the generator at step boundaries when the measured rates say another split of the same
     # devices pays for the move (the policy of jaxrl/planner/rebalance.py); "off": the configured
     # split for the whole run. --resume starts again from the configured split.

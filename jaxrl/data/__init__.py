@@ -9,6 +9,6 @@ Nothing is imported here (import cost matters); use the modules:
     from jaxrl.data.solve_rate import SolveRateTracker         # zero-variance / skip helpers
     from jaxrl.data.evaluate import pass_at_k, eval_metrics    # pass@1 / pass@k, one schema
 
-The SFT warm start is `jaxrl.train.sft`; evaluators that sample are `jaxrl.controller.evaluator`.
+The SFT warm start is `jaxrl.train.sft`; evaluators that sample are `jaxrl.rl.evaluator`.
 See docs/tasks.md.
 """

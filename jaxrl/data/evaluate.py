@@ -1,6 +1,6 @@
 """Held-out evaluation maths: pass@k and the one metric schema of every evaluation.
 
-(The evaluators that sample: `jaxrl.controller.evaluator`.) Each held-out prompt gets n =
+(The evaluators that sample: `jaxrl.rl.evaluator`.) Each held-out prompt gets n =
 `pass_k` samples at `eval_temperature`; a sample is correct when its reward >=
 `correct_threshold`. pass@k is the unbiased estimator of Chen et al. 2021 (Codex, eq. 1): with c
 correct of n samples,

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from jaxrl.config.data import SPLITS
+from jaxrl.config.data import SPLITS, add_task_name
 from jaxrl.data import pysynth
 from jaxrl.data.records import _hf_records, field_mapper, in_memory
 from jaxrl.data.sources import GeneratedSource, RecordError, RecordSource, load_records
@@ -150,6 +150,7 @@ def register_task(name: str, *, overwrite: bool = False):
         if name in _TASKS and not overwrite:
             raise ValueError(f"task {name!r} is already registered (pass overwrite=True)")
         _TASKS[name] = builder
+        add_task_name(name)  # the config checks `data.task` against these names
         return builder
 
     return deco

@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from jaxrl.config.sections import PIPELINE_MODES, ahead_for
+from jaxrl.config.sections import PIPELINE_MODES, lead_for
 from jaxrl.planner.hardware import HardwareSpec
 from jaxrl.planner.specs import Efficiency, ModelSpec, Workload
 from jaxrl.rounding import next_power_of_two
@@ -250,11 +250,6 @@ class ModeRates:
     staleness_bound: int | None  # None: per token (inflight)
 
 
-def ahead_of(mode: str, staleness: int) -> int:
-    """Versions the generator may run ahead of the trainer: sync 0, periodic 1, async k."""
-    return ahead_for(check_mode(mode), staleness)
-
-
 def pipeline_rates(mode: str, batch: int, trainer_sps: float, gen_sps: float, *,
                    sync_s: float = 0.0, gen_batch_s: float | None = None,
                    zero_variance_frac: float = 0.0, sandbox_latency_s: float = 0.0,
@@ -273,7 +268,7 @@ def pipeline_rates(mode: str, batch: int, trainer_sps: float, gen_sps: float, *,
         step, busy, bound = max(work, train + sync_s), work, None
     else:
         busy = work if gen_batch_s is None else max(gen_batch_s, 0.0)
-        ahead = ahead_of(mode, staleness)
+        ahead = lead_for(check_mode(mode), staleness)
         cycle = busy + sandbox_latency_s + train + sync_s
         step, bound = max(busy, train + sync_s, cycle / (ahead + 1)), ahead
     return ModeRates(mode, step, batch / step, max(0.0, 1 - (train + sync_s) / step),

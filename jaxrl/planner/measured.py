@@ -1,6 +1,6 @@
 """Closing the loop: a run's measured rates in, the recommended split for that hardware out.
 
-The controller (jaxrl/controller/pipeline.py) writes `<run_dir>/metrics.jsonl`, one JSON object
+The controller (jaxrl/rl/loop.py) writes `<run_dir>/metrics.jsonl`, one JSON object
 per step. The planner reads (names from DESIGN.md):
 
 - `pipeline/rollouts_per_s_consumed`: rollouts per second of *trainer busy time* (the train

@@ -1,7 +1,7 @@
 """Live rebalancing policy: when to move chips between the trainer and the generator.
 
 One pure policy, fed measured rates by the controller (`pipeline.rebalance=auto`,
-jaxrl/controller/rebalance.py) and simulated ones by `simulate_rebalancing` below, so the policy
+jaxrl/rl/rebalance.py) and simulated ones by `simulate_rebalancing` below, so the policy
 studied at the published scale is the one a run uses. The model is the planner's
 (docs/planner.md, "Closing the loop"): per-chip rates are held fixed, so at a split T:G the
 trainer consumes `t*T` and the generator produces `g*G` samples per busy second, and

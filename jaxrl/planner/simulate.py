@@ -33,10 +33,9 @@ from typing import Protocol
 
 import numpy as np
 
-from jaxrl.trace import TraceWriter
+from jaxrl.config.sections import lead_for
 from jaxrl.planner.analytic import (
     MODES,
-    ahead_of,
     check_mode,
     generator_model,
     trainer_model,
@@ -44,6 +43,7 @@ from jaxrl.planner.analytic import (
 )
 from jaxrl.planner.hardware import HardwareSpec
 from jaxrl.planner.specs import Efficiency, ModelSpec, Workload
+from jaxrl.trace import TraceWriter
 
 _EPS = 1e-9
 
@@ -283,8 +283,8 @@ class _Sim:
     # -- generator -------------------------------------------------------------------------
 
     @property
-    def _ahead(self) -> int:
-        return ahead_of(self.cfg.mode, self.cfg.staleness)
+    def _lead(self) -> int:
+        return lead_for(check_mode(self.cfg.mode), self.cfg.staleness)
 
     def _admit(self) -> bool:
         B, G = self.w.batch_size, self.w.group_size
@@ -301,7 +301,7 @@ class _Sim:
         b = self.gen_batch
         if b >= 0 and (self.alive[b] < B or self.gen_left[b] > 0):
             return False  # still generating batch b (or waiting to regenerate dropped groups)
-        if self.done < b + 1 - self._ahead or b + 1 >= self.cfg.steps:
+        if self.done < b + 1 - self._lead or b + 1 >= self.cfg.steps:
             return False
         self.gen_batch = b + 1
         self.gen_version = self.done  # the newest published weights, for the whole batch

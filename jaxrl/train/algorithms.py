@@ -453,7 +453,7 @@ def log_ratio_m2(logp_BT: Array, behav_logp_BT: Array, mask_BT: Array) -> Array:
 
     the mismatch between the policy `pi` and the behaviour policy `mu` that sampled the tokens.
     Zheng et al. 2025 (M2PO) bound it by tau; `pipeline.lead=auto` sets the generator's lead
-    from it (jaxrl.controller.lead)."""
+    from it (jaxrl.rl.lead)."""
     return masked_mean(jnp.square(logp_BT - behav_logp_BT), mask_BT)
 
 

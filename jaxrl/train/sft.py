@@ -34,9 +34,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl.config import DataConfig, ModelConfig, TrainConfig, to_dict
-from jaxrl.progress import Progress
 from jaxrl.data.pipeline import PromptIterator
 from jaxrl.data.tasks import Task, build_task, resolve_format
+from jaxrl.progress import Progress
 from jaxrl.rounding import round_up
 from jaxrl.train.batch import Batch
 from jaxrl.train.state import init_train_state, model_graphdef, train_state_shardings

@@ -1,24 +1,21 @@
 """`Trainer`: the host-side owner of the TrainState and the jitted functions.
 
     trainer = Trainer(model_cfg, train_cfg, meshes.trainer)        # or params=... to start from
-    metrics = trainer.step(batch)    # metrics of the PREVIOUS step (None for the first)
-    metrics = trainer.flush()        # metrics of the last step (blocks)
+    metrics = trainer.step(batch)    # this step's metrics (host floats)
 
 `step` pads the batch to a fixed shape, fills in proximal / reference logprobs when the config
-needs them (`prepare`), dispatches the jitted update, then reads the previous step's metrics --
-the host never waits on the step it just dispatched. A NaN/Inf loss or gradient stops the run
+needs them (`prepare`), dispatches the jitted update(s), waits for them and reads their metrics.
+The RL loop needs the updated params at once (the weight sync moves them), so waiting costs
+nothing there; the read-back is a handful of scalars. A NaN/Inf loss or gradient stops the run
 (`NonFiniteError`) unless `train.nan_policy="skip"`; the bad update is never applied either way.
 
-`train/step_s` is the trainer's own time: from dispatch (or the previous step's completion, if
-later) to the moment the step's outputs were ready, recorded by a thread that waits for them
-(`_Completion`) -- not to the moment the host read them, which in `sync` mode comes after the
-next batch's generation.
+`train/step_s` is the trainer's own time: from dispatch to the moment the step's outputs were
+ready.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 
 import jax
@@ -68,29 +65,6 @@ def frozen_copy(params: dict, shardings, dtype: str | None = None) -> dict:
     return cast(placed)
 
 
-class _Completion:
-    """When a step's outputs became ready on the device: a short-lived thread waits for them
-    (JAX releases the GIL while it waits) and records the time, so the host that dispatched the
-    step never blocks on it."""
-
-    def __init__(self, outputs):
-        self._time: float | None = None
-        self._thread = threading.Thread(target=self._wait, args=(outputs,), daemon=True,
-                                        name="jaxrl-step-clock")
-        self._thread.start()
-
-    def _wait(self, outputs) -> None:
-        try:
-            jax.block_until_ready(outputs)
-        except Exception:  # noqa: BLE001 -- the host's read of the same outputs raises it
-            pass
-        self._time = time.perf_counter()
-
-    def time(self) -> float:
-        self._thread.join()
-        return self._time
-
-
 def tree_bytes(tree) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
@@ -135,9 +109,7 @@ class Trainer:
                                                    replay=train_cfg.routing_replay)
         self.max_len = max_len
         self.row_multiple = train_cfg.micro_batches * mesh.shape["fsdp"]
-        self._pending = None
         self.last_updates: list[dict] = []
-        self._last_done = None
         self._peak = None
         self.last_shared_fraction = 0.0  # of the last batch's tokens, computed once per group
 
@@ -222,24 +194,22 @@ class Trainer:
     def updates_per_batch(self) -> int:
         return self.cfg.mini_batches * self.cfg.epochs
 
-    def step(self, batch: Batch, *, seed_step: int = 0) -> dict | None:
-        """Dispatch the updates of one batch (`train.mini_batches` x `train.epochs`, shuffled
-        with a seed from `seed_step`); return the previous batch's metrics (host floats) or
-        None."""
+    def step(self, batch: Batch, *, seed_step: int = 0) -> dict:
+        """The updates of one batch (`train.mini_batches` x `train.epochs`, shuffled with a seed
+        from `seed_step`); returns their metrics (host floats)."""
         real_tokens = int(np.sum(np.asarray(batch.segment_ids) > 0))
         dev_batch, layout, host = self._prepare(batch, share=True)
-        t_dispatch = time.perf_counter()
+        start = time.perf_counter()
         if self.updates_per_batch == 1:
             self.state, metrics = self._step(self.state, dev_batch, self.frozen, layout)
             metrics = [metrics]
         else:
             metrics = self._several_updates(host, dev_batch, layout, seed_step)
-        previous = self._read_pending()
+        jax.block_until_ready((self.state, metrics))
+        seconds = time.perf_counter() - start
         computed = round(real_tokens * (1 - self.last_shared_fraction))  # for the MFU
-        self._pending = (metrics, t_dispatch, _Completion(metrics),
-                         real_tokens * self.cfg.epochs, dev_batch.shape[1],
-                         computed * self.cfg.epochs, self.last_shared_fraction)
-        return previous
+        return self._read(metrics, seconds, real_tokens * self.cfg.epochs, dev_batch.shape[1],
+                          computed * self.cfg.epochs)
 
     def _several_updates(self, host: Batch, full: Batch, layout: PrefixLayout | None,
                          seed_step: int) -> list:
@@ -271,29 +241,16 @@ class Trainer:
         self.last_shared_fraction = 1 - computed / max(total, 1)
         return out
 
-    def flush(self) -> dict | None:
-        """Block on the last dispatched step and return its metrics."""
-        out = self._read_pending()
-        self._pending = None
-        return out
-
-    def _read_pending(self) -> dict | None:
-        if self._pending is None:
-            return None
-        metrics, t_dispatch, completion, tokens, length, computed, shared = self._pending
+    def _read(self, metrics: list, seconds: float, tokens: int, length: int,
+              computed: int) -> dict:
         per_update = [{k: float(v) for k, v in m.items()} for m in jax.device_get(metrics)]
-        self.last_updates = per_update  # each update's metrics of the batch just read
+        self.last_updates = per_update  # each update's metrics of the batch
         host = per_update[0] if len(per_update) == 1 else combine_update_metrics(per_update)
-        done = completion.time()
-        # dispatched while the previous step still ran: its compute began when that one ended
-        start = t_dispatch if self._last_done is None else max(t_dispatch, self._last_done)
-        seconds = done - start
         host["train/step_s"] = seconds
         host["train/tokens_per_s"] = tokens / max(seconds, 1e-9)
         # the model FLOPs of the tokens whose activations the step computed (shared prompts once)
         host["train/mfu"] = self.mfu(computed, length, seconds)  # may measure the peak once
-        host["train/shared_prompt_frac"] = shared
-        self._last_done = done
+        host["train/shared_prompt_frac"] = self.last_shared_fraction
         if host["train/nonfinite"] and self.cfg.nan_policy == "stop":
             raise NonFiniteError(
                 f"non-finite loss or gradient at step {int(host['train/step']) + 1} "
@@ -313,5 +270,4 @@ class Trainer:
         return mfu(flops, seconds, self._peak, n)
 
     def replace_state(self, state: TrainState) -> None:
-        self._pending = None
         self.state = state

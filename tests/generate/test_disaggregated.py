@@ -110,15 +110,16 @@ def test_prefill_devices_config_errors():
 def test_a_run_builds_the_split_generator_and_publishes_to_both_groups():
     from flax import nnx
 
-    from jaxrl.controller.build import generator
+    from jaxrl.rl.sync import build_generator
     from jaxrl.sharding import make_meshes
 
     cfg = RunConfig(mesh=MeshConfig(trainer=(4, 1), generator=(2, 2)),
                     generate=GenerateConfig(prefill_devices=2, num_slots=3))
     meshes = make_meshes(cfg.mesh)
     params = nnx.to_pure_dict(nnx.state(create_model(tiny_model_config(), mesh=meshes.trainer)))
-    publisher, engine, sched = generator(cfg, tiny_model_config(), meshes.generator, params,
-                                         seq_len=20, version=0, eos_id=1, multi=False)
+    gen = build_generator(cfg, tiny_model_config(), meshes.generator, params, seq_len=20,
+                          version=0, eos_id=1, multi=False)
+    publisher, engine, sched = gen.publisher, gen.engine, gen.scheduler
     rows = meshes.generator.devices
     assert isinstance(engine, DisaggregatedEngine) and sched.engine is engine
     assert list(engine.prefill_mesh.devices.flat) == list(rows[0])

@@ -78,8 +78,7 @@ def test_bad_values_are_clear_errors(kw):
 
 def test_the_run_config_drives_the_rollouts_sampling():
     from jaxrl.config import ConfigError, RunConfig, apply_overrides
-    from jaxrl.controller.build import producer_config
-    from jaxrl.controller.rollouts import RolloutProducer
+    from jaxrl.rl.rollout import RolloutProducer, producer_config
 
     cfg = apply_overrides(RunConfig(), ["--generate.min_tokens=4", "--generate.ignore_eos=true",
                                         "--data.max_new_tokens=16"])

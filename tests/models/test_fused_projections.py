@@ -98,9 +98,8 @@ def test_publish_fuses_the_generator_copy_on_its_mesh(model):
     trainer's, joined (checked against the trainer's arrays by hand), sharded on the generator
     mesh by kv head / mlp; the trainer's params keep their layout."""
     from jaxrl.config import MeshConfig
-    from jaxrl.controller.build import generator_transform
-    from jaxrl.controller.weight_sync import GeneratorPublisher, WeightSync
     from jaxrl.models.model import abstract_model
+    from jaxrl.rl.sync import GeneratorPublisher, WeightSync, generator_transform
     from jaxrl.sharding import make_meshes, pure_state_shardings
 
     cfg, mesh = model.cfg, make_meshes(MeshConfig(trainer=(2, 1), generator=(1, 2))).generator

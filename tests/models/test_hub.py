@@ -158,7 +158,7 @@ def test_launch_run_with_a_hub_id_offline(hf_home, tmp_path, monkeypatch):
     env = dict(os.environ, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu")
     env.pop("HF_HUB_CACHE", None)
     cmd = [sys.executable, str(ROOT / "launch" / "run.py"),
-           "--config", str(ROOT / "tests" / "controller" / "tiny_config.py"), "--quiet",
+           "--config", str(ROOT / "tests" / "rl" / "tiny_config.py"), "--quiet",
            f"--init={REPO}", "--name=hub", "--pipeline.steps=1", "--data.task=gsm8k_jsonl",
            f"--data.paths={data}", f"--data.eval_paths={data}", "--data.eval_size=2",
            "--data.epochs=0", "--data.max_new_tokens=4", "--train.checkpoint_every=1"]

@@ -130,8 +130,8 @@ def test_publish_quantizes_the_generator_copy_on_its_mesh(lora_generator, fmt):
     import dataclasses
 
     from jaxrl.config import LoraConfig
-    from jaxrl.controller.build import lora_publisher
     from jaxrl.models import lora
+    from jaxrl.rl.sync import lora_publisher
 
     cfg = tiny_model_config()
     if lora_generator:
@@ -149,12 +149,12 @@ def test_publish_quantizes_the_generator_copy_on_its_mesh(lora_generator, fmt):
             else base
     else:  # a run's own wiring: quantized on the trainer's devices, then moved
         from jaxrl.config import GenerateConfig, RunConfig
-        from jaxrl.controller.build import generator
+        from jaxrl.rl.sync import build_generator
 
         run_cfg = RunConfig(model=cfg, generate=GenerateConfig(num_slots=4, max_len=32,
                                                                quantize=fmt))
-        publisher = generator(run_cfg, cfg, meshes.generator, params, seq_len=16, version=0,
-                              eos_id=0, multi=False)[0]
+        publisher = build_generator(run_cfg, cfg, meshes.generator, params, seq_len=16,
+                                    version=0, eos_id=0, multi=False).publisher
         state, metrics = publisher.publish(params, version=1)
     assert ("pipeline/quantize_s" in metrics) == (lora_generator != "forward")  # base: once
     got = nnx.to_pure_dict(state)
@@ -201,7 +201,7 @@ def test_a_publish_moves_only_the_8bit_copy(fmt, fuse):
     reports are the 8-bit model's (counted by hand, a quarter-ish of the f32 model's), and the
     generator's weights are bit for bit the copy quantized where it lives."""
     from jaxrl.config import GenerateConfig, ModelConfig, RunConfig
-    from jaxrl.controller.build import generator
+    from jaxrl.rl.sync import build_generator
 
     model_cfg = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
                             num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=False)
@@ -210,8 +210,9 @@ def test_a_publish_moves_only_the_8bit_copy(fmt, fuse):
     params = nnx.to_pure_dict(nnx.state(model))
     run_cfg = RunConfig(model=model_cfg, generate=GenerateConfig(
         num_slots=4, max_len=32, quantize=fmt, fuse_projections=fuse))
-    publisher, engine, _ = generator(run_cfg, model_cfg, meshes.generator, params, seq_len=16,
-                                     version=0, eos_id=0, multi=False)
+    gen = build_generator(run_cfg, model_cfg, meshes.generator, params, seq_len=16, version=0,
+                          eos_id=0, multi=False)
+    publisher = gen.publisher
     state, metrics = publisher.publish(params, version=1)
     # as in test_memory_plan_counts_the_8bit_copy_by_hand: 82240 params, 73728 of them 8-bit
     assert metrics["pipeline/weight_sync_bytes"] == 2 * 36864 + 2 * 512 * 4 + (8192 + 320) * 4
@@ -306,15 +307,15 @@ def test_w8a8_generator_greedy_logits_are_close_to_f32_and_its_own():
 @pytest.mark.parametrize("fmt,dtype", [("w8a8", jnp.int8), ("fp8", jnp.float8_e4m3fn)])
 def test_a_run_config_builds_its_quantized_generator(fmt, dtype):
     from jaxrl.config import GenerateConfig, RunConfig
-    from jaxrl.controller.build import generator
+    from jaxrl.rl.sync import build_generator
 
     cfg = tiny_model_config()
     run_cfg = RunConfig(model=cfg, generate=GenerateConfig(num_slots=4, max_len=32,
                                                            quantize=fmt))
     mesh = make_meshes(MeshConfig(trainer=(1, 1), generator=(1, 1))).generator
     params = nnx.to_pure_dict(nnx.state(create_model(cfg, seed=0)))
-    _, engine, _ = generator(run_cfg, cfg, mesh, params, seq_len=16, version=0, eos_id=0,
-                             multi=False)
+    engine = build_generator(run_cfg, cfg, mesh, params, seq_len=16, version=0, eos_id=0,
+                             multi=False).engine
     model = nnx.merge(engine.graphdef, engine.params.state)
     assert model.layers[0].attn.q_proj[...].dtype == dtype
     assert model.layers[0].attn.quant_format == model.layers[0].mlp.quant_format == fmt

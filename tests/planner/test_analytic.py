@@ -166,7 +166,7 @@ def _write_metrics(run_dir, rows):
 
 
 def synthetic_rows(n=20):
-    """Rows as jaxrl/controller/pipeline.py writes them: rates per second of busy time."""
+    """Rows as jaxrl/rl/loop.py writes them: rates per second of busy time."""
     rows = []
     for step in range(n):
         rows.append({

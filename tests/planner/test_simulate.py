@@ -6,11 +6,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxrl.trace import ROLES
 from jaxrl.planner.analytic import MODES, predict
 from jaxrl.planner.hardware import get_hardware
 from jaxrl.planner.simulate import SimConfig, simulate, simulate_split
 from jaxrl.planner.specs import Efficiency, Workload, get_model
+from jaxrl.trace import ROLES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,6 @@ def run(model_cfg, mesh, train_cfg, make_toy, tmp_path_factory):
     straight = Trainer(model_cfg, train_cfg, mesh)
     for b in batches:
         straight.step(b)
-    straight.flush()
 
     ckpt_dir = tmp_path_factory.mktemp("ckpt")
     first = Trainer(model_cfg, train_cfg, mesh)
@@ -34,7 +33,6 @@ def run(model_cfg, mesh, train_cfg, make_toy, tmp_path_factory):
         first.step(b)
         data["next_batch"] += 1
         ckpt.maybe_save(first.state)  # async; saves at step 2 only
-    first.flush()
     saved = jax.device_get(first.state)
     ckpt.close()
     return dict(batches=batches, straight=straight, dir=ckpt_dir, saved=saved)
@@ -51,7 +49,6 @@ def test_restore_and_continue_is_bit_identical(run, model_cfg, mesh, train_cfg):
     assert int(resumed.state.step) == 2
     for b in run["batches"][data["next_batch"] :]:
         resumed.step(b)
-    resumed.flush()
     assert _equal(resumed.state, run["straight"].state), (
         "resumed run diverged from the straight one"
     )
@@ -114,7 +111,6 @@ tr = Trainer(tiny_model_config(), TrainConfig(lr=1e-2, logprob_chunk=8, weight_d
 ckpt = Checkpointer({ckpt!r}, every=2, keep=2)
 for i in range(2):
     tr.step(toy_batch(seed=10 + i))
-tr.flush()
 ckpt.maybe_save(tr.state)
 ckpt.wait()
 print("SAVED", flush=True)
@@ -144,6 +140,5 @@ def test_resume_after_sigkill_is_bit_identical(run, model_cfg, mesh, train_cfg, 
     resumed.replace_state(ckpt.restore(resumed.abstract_state))
     for b in run["batches"][2:]:
         resumed.step(b)
-    resumed.flush()
     assert _equal(resumed.state, run["straight"].state)
     ckpt.close()

@@ -28,8 +28,7 @@ WHEN_TO_UPDATE = (
 
 def _fingerprint(model_cfg, mesh, train_cfg, make_toy):
     tr = Trainer(model_cfg, train_cfg, mesh)
-    tr.step(make_toy(seed=20))
-    m = tr.flush()
+    m = tr.step(make_toy(seed=20))
     leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(jax.device_get(tr.state.params))]
     flat = np.concatenate([x.ravel() for x in leaves])
     return {

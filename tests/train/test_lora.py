@@ -88,8 +88,7 @@ def test_training_changes_only_adapters_and_starts_at_the_base(lora_cfg, mesh, m
     np.testing.assert_array_equal(np.asarray(trainer.logprobs(trainer.state.params, batch)),
                                   np.asarray(plain.logprobs(plain.state.params, batch)))
     for seed in range(3):
-        trainer.step(make_toy(seed=seed, b=8), seed_step=seed)
-    metrics = trainer.flush()
+        metrics = trainer.step(make_toy(seed=seed, b=8), seed_step=seed)
     assert metrics["train/step"] == 3
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(trainer.frozen), base_before)
     moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - b).max()),

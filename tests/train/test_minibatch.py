@@ -57,7 +57,6 @@ def several(model_cfg, mesh):
     trainer = Trainer(model_cfg, cfg, mesh)
     params0 = jax.device_get(trainer.state.params)
     trainer.step(batch, seed_step=3)
-    trainer.flush()
     return cfg, batch, params0, trainer
 
 

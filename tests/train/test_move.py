@@ -1,4 +1,4 @@
-"""Live device moves (jaxrl/controller/rebalance.py): the trainer moved onto another split of
+"""Live device moves (jaxrl/rl/rebalance.py): the trainer moved onto another split of
 the 8 simulated devices keeps its state bit for bit, and training on continues exactly."""
 
 import jax
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import toy_batch
 
-from jaxrl.controller.rebalance import move_trainer, split_meshes
+from jaxrl.rl.rebalance import move_trainer, split_meshes
 from jaxrl.train.trainer import Trainer
 
 
@@ -27,9 +27,7 @@ def test_moves_keep_state_bit_identical_and_losses_equal(model_cfg, train_cfg):
     losses = {"still": [], "moved": []}
     for i, b in enumerate(batches):
         for name, tr in (("still", still), ("moved", moved)):
-            m = tr.step(b, seed_step=i)
-            if m is not None:
-                losses[name].append(m["loss/total"])
+            losses[name].append(tr.step(b, seed_step=i)["loss/total"])
         if i in (1, 2):
             before = jax.device_get(moved.state)
             meshes = split_meshes(devices, 4 if i == 1 else 2)
@@ -39,8 +37,6 @@ def test_moves_keep_state_bit_identical_and_losses_equal(model_cfg, train_cfg):
             assert set(moved.mesh.devices.flat).isdisjoint(meshes.generator.devices.flat)
             leaf = jax.tree.leaves(moved.state.params)[0]
             assert set(leaf.sharding.device_set) <= set(meshes.trainer.devices.flat)
-    for name, tr in (("still", still), ("moved", moved)):
-        losses[name].append(tr.flush()["loss/total"])
     # equal up to float reduction order: fsdp 4 sums the batch's gradients over 4 shards, not 2
     # (steps at the same fsdp size as the unmoved trainer are bit-equal: index 0 and 1)
     assert losses["moved"][:2] == losses["still"][:2]

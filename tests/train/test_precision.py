@@ -45,9 +45,8 @@ def test_bf16_compute_f32_master_weights_learn_the_token_bandit(model_cfg, mesh,
         tokens = np.concatenate([np.tile(prompt, (8, 1)), answers[:, None]], axis=1)
         mask = np.zeros(tokens.shape, np.float32)
         mask[:, -1] = 1
-        tr.step(make_batch(tokens, mask, (answers < 16).astype(np.float32),
-                           np.repeat(np.arange(2), 4)))
-    last = tr.flush()
+        last = tr.step(make_batch(tokens, mask, (answers < 16).astype(np.float32),
+                                  np.repeat(np.arange(2), 4)))
     p1, _ = rewarded_mass()
     assert p1 > max(3 * p0, 0.5), f"rewarded probability went {p0:.3f} -> {p1:.3f}"
     assert np.isfinite(last["loss/total"])

@@ -11,10 +11,10 @@ import pytest
 from flax import nnx
 
 from jaxrl.config import ModelConfig
-from jaxrl.controller.buffer import Group, Rollout, groups_to_batch
 from jaxrl.generate import SamplingParams, sample
 from jaxrl.models import create_model
 from jaxrl.models.moe import routing_mismatch
+from jaxrl.rl.buffer import Group, Rollout, groups_to_batch
 from jaxrl.sharding import make_mesh
 from jaxrl.train.config import TrainConfig
 from jaxrl.train.logprobs import model_logprobs_routed
@@ -39,8 +39,7 @@ def _groups(model, n=2, max_tokens=6):
 
 
 def _metrics(trainer, batch):
-    trainer.step(batch)
-    return trainer.flush()
+    return trainer.step(batch)
 
 
 @pytest.fixture(scope="module")

@@ -73,8 +73,8 @@ def test_cache_is_keyed_atomic_and_reused(tmp_path, mesh, monkeypatch):
 
 @pytest.mark.slow
 def test_short_sft_lowers_loss_and_solves_some_held_out_problems(mesh):
-    from jaxrl.controller.evaluator import evaluate
     from jaxrl.rewards import RewardScorer
+    from jaxrl.rl.evaluator import evaluate
     from jaxrl.sandbox.pool import LocalSandboxPool
 
     model_cfg = tiny_model_config(max_position_embeddings=128)

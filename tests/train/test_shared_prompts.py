@@ -129,8 +129,7 @@ def test_training_step_equals_the_plain_step(model_cfg, mesh, extra):
         trainer = Trainer(model_cfg, c, mesh, ref_params=ref)
         metrics = []
         for seed in (2, 3):  # two batches: the second runs on the shared-updated params
-            trainer.step(grpo_batch(seed=seed))
-            flushed = trainer.flush()
+            flushed = trainer.step(grpo_batch(seed=seed))
             assert flushed["train/shared_prompt_frac"] == trainer.last_shared_fraction
             metrics += [flushed, *trainer.last_updates]  # the batch's, then each update's
         out[share] = (jax.device_get(trainer.state.params), metrics, trainer.last_shared_fraction)

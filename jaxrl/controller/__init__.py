@@ -1,1 +1,0 @@
-"""jaxrl.controller."""

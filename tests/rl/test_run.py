@@ -1,0 +1,194 @@
+"""End-to-end runs of the controller on a tiny model (simulated CPU devices)."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from run_helpers import has_sealed_checkpoint, tiny_run_config
+
+import jaxrl.run
+from jaxrl.config import ConfigError, MeshConfig
+from jaxrl.rl.loop import lead_for
+from jaxrl.rl.metrics import REQUIRED, read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_mesh_that_does_not_fit_fails_before_any_work(tmp_path):
+    cfg = dataclasses.replace(tiny_run_config(tmp_path),
+                              mesh=MeshConfig(trainer=(8, 1), generator=(8, 1)))
+    with pytest.raises(ConfigError, match="8 device\\(s\\) available, 16 requested"):
+        jaxrl.run.run(cfg, progress=False)
+    assert not (tmp_path / "runs").exists()  # nothing was created
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "periodic", "async", "inflight"])
+def test_each_mode_completes_with_bounded_staleness(tmp_path, mode):
+    k = 2
+    cfg = tiny_run_config(tmp_path, name=mode, pipeline=dict(mode=mode, max_staleness=k),
+                          train=dict(correction="tis_token" if mode == "inflight" else "none"))
+    result = jaxrl.run.run(cfg, progress=False)
+    rows = read_metrics(result.run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for row in rows:
+        missing = [name for name in REQUIRED if name not in row]
+        assert not missing, missing
+        assert 0 <= row["staleness/max"] <= lead_for(mode, k)
+        assert row["pipeline/mode"] == mode
+    if mode == "inflight":  # the correction consumed the behaviour logprobs of every token
+        assert any(key.startswith("is/") for key in rows[-1])
+    trace = json.loads((result.run_dir / "trace.json").read_text())
+    names = {e.get("args", {}).get("name") for e in trace["traceEvents"] if e.get("ph") == "M"}
+    assert {"trainer", "generator", "weight_sync", "sandbox"} <= names
+    releases = [e for e in trace["traceEvents"] if e.get("name") == "release"]
+    assert len(releases) == (3 if mode == "sync" else 0)  # generator memory freed per update
+
+
+@pytest.mark.slow
+def test_sync_mode_is_bit_reproducible(tmp_path):
+    a = jaxrl.run.run(tiny_run_config(tmp_path, name="a"), progress=False)
+    b = jaxrl.run.run(tiny_run_config(tmp_path, name="b"), progress=False)
+    keys = ("loss/total", "reward/mean", "train/grad_norm", "staleness/max")
+    rows_a, rows_b = read_metrics(a.run_dir), read_metrics(b.run_dir)
+    for ra, rb in zip(rows_a, rows_b, strict=True):
+        assert [ra[k] for k in keys] == [rb[k] for k in keys]
+    pa = _final_params(a.run_dir)
+    pb = _final_params(b.run_dir)
+    for x, y in zip(pa, pb, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def _final_params(run_dir):
+    import jax
+
+    from jaxrl.train.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(run_dir / "checkpoints", every=1, keep=5, use_async=False)
+    try:
+        step = ckpt.latest_step()
+        import orbax.checkpoint as ocp
+
+        raw = ocp.StandardCheckpointer().restore(run_dir / "checkpoints" / str(step) / "state")
+        return [np.asarray(x) for x in jax.tree.leaves(raw["params"])]
+    finally:
+        ckpt.close()
+
+
+def _launch(tmp_path, name, *extra):
+    args = [sys.executable, str(ROOT / "launch" / "run.py"), "--quiet",
+            "--config", str(Path(__file__).parent / "tiny_config.py"),
+            f"--run_dir={tmp_path / 'runs'}", f"--name={name}",
+            f"--data.sft.cache_dir={tmp_path / 'cache'}", *extra]
+    env = dict(os.environ, JAXRL_CPU_DEVICES="2")
+    env.pop("XLA_FLAGS", None)
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params", ["full", "lora"])
+def test_sigkill_then_resume_continues_exactly(tmp_path, params):
+    # LoRA: the checkpoint holds adapters and their optimiser state; the base is rebuilt
+    steps = ["--pipeline.steps=6", "--train.checkpoint_every=2"]
+    if params == "lora":
+        steps.append("--model.lora.rank=4")
+    ref = _launch(tmp_path, "ref", *steps)
+    out, _ = ref.communicate(timeout=600)
+    assert ref.returncode == 0, out[-3000:]
+    victim = _launch(tmp_path, "victim", *steps)
+    metrics = tmp_path / "runs" / "victim" / "metrics.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline:  # kill after step 3 was logged (checkpoint at step 2 exists)
+        if (metrics.exists() and len(metrics.read_text().splitlines()) >= 4
+                and has_sealed_checkpoint(metrics.parent)):
+            break
+        if victim.poll() is not None:
+            pytest.fail("the run ended before it could be killed:\n" + victim.stdout.read()[-3000:])
+        time.sleep(0.2)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    resumed = _launch(tmp_path, "victim", *steps, "--resume")
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out[-3000:]
+    rows = read_metrics(tmp_path / "runs" / "victim")
+    ref_rows = read_metrics(tmp_path / "runs" / "ref")
+    assert [r["step"] for r in rows] == list(range(6))  # each step once, continuing
+    for key in ("data/prompts_consumed", "reward/mean", "loss/total", "train/grad_norm"):
+        assert [r[key] for r in rows] == [r[key] for r in ref_rows], key
+    for x, y in zip(_final_params(tmp_path / "runs" / "victim"),
+                    _final_params(tmp_path / "runs" / "ref"), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.slow
+def test_failing_reward_is_counted_not_fatal(tmp_path, monkeypatch):
+    from jaxrl.data import tasks
+    from jaxrl.rewards.rewards import register_reward
+
+    @register_reward("test_always_raises", overwrite=True, isolated=False)
+    def always_raises(prompt, completion, **fields):
+        raise RuntimeError("a broken reward")
+
+    real = tasks.build_task
+
+    def with_broken_reward(cfg):
+        task = real(cfg)
+        return dataclasses.replace(task, rewards={**task.rewards, "test_always_raises": 0.5})
+
+    monkeypatch.setattr(jaxrl.run, "build_task", with_broken_reward)  # where the run looks
+    result = jaxrl.run.run(tiny_run_config(tmp_path, pipeline=dict(steps=2)), progress=False)
+    rows = read_metrics(result.run_dir)
+    assert len(rows) == 2
+    assert all(r["reward/test_always_raises/errors"] > 0 for r in rows)
+    assert "sandbox/timeouts" in rows[-1]
+
+
+@pytest.mark.slow
+def test_periodic_downweights_data_beyond_the_bound(tmp_path):
+    # periodic data is one version old; a bound of 0 with "downweight" keeps every group at
+    # weight 0.5 ** 1 and counts it (with "drop" the config is rejected: nothing would be left).
+    pipe = dict(mode="periodic", max_staleness=0, stale_policy="downweight", stale_weight=0.5)
+    result = jaxrl.run.run(tiny_run_config(tmp_path, pipeline=pipe), progress=False)
+    rows = read_metrics(result.run_dir)
+    # step 0 is generated from the initial weights, version 0: within the bound
+    assert [r["staleness/downweighted_groups"] > 0 for r in rows] == [False, True, True]
+    assert all(r["staleness/dropped_groups"] == 0 for r in rows)
+    with pytest.raises(ConfigError, match="would drop every batch"):
+        tiny_run_config(tmp_path, pipeline=dict(pipe, stale_policy="drop"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_nan_inside_a_step_stops_or_is_skipped(tmp_path, monkeypatch, policy):
+    import jax.numpy as jnp
+
+    from jaxrl.train.trainer import NonFiniteError, Trainer
+
+    real_prepare, calls = Trainer._prepare, []
+
+    def poisoned(self, batch, **kw):  # the second update's rewards turn NaN on the device
+        out, *rest = real_prepare(self, batch, **kw)  # the device batch first
+        calls.append(1)
+        return (out.replace(rewards=out.rewards * jnp.nan) if len(calls) == 2 else out), *rest
+
+    monkeypatch.setattr(Trainer, "_prepare", poisoned)
+    cfg = tiny_run_config(tmp_path, pipeline=dict(steps=4), train=dict(nan_policy=policy))
+    if policy == "stop":
+        with pytest.raises(NonFiniteError, match="non-finite loss or gradient"):
+            jaxrl.run.run(cfg, progress=False)
+        assert not [t for t in threading.enumerate() if t.name == "jaxrl-generator"]
+        rows = read_metrics(tmp_path / "runs" / cfg.name)
+        assert [r["step"] for r in rows] == [0]  # the good step was logged, the bad one not
+        return
+    rows = read_metrics(jaxrl.run.run(cfg, progress=False).run_dir)
+    assert [r["train/nonfinite"] for r in rows] == [0, 1, 0, 0]
+    assert all(np.isfinite(r["loss/total"]) for i, r in enumerate(rows) if i != 1)
