@@ -25,6 +25,9 @@ import statistics
 import time
 
 from jaxrl.envs.base import Environment, Step
+from jaxrl.presets import tiny_task_model_config
+from jaxrl.sandbox.session_pool import SessionPool
+from jaxrl.tokenizers import CharTokenizer
 
 print = functools.partial(print, flush=True)
 
@@ -112,8 +115,6 @@ def main(argv: list[str]) -> int:
         return 2
     from jaxrl.generate import JaxEngine
     from jaxrl.models import create_model
-    from jaxrl.presets import tiny_task_model_config
-    from jaxrl.tokenizers import CharTokenizer
 
     tok = CharTokenizer()
     cfg = tiny_task_model_config(hidden_size=args.hidden, intermediate_size=3 * args.hidden,
@@ -129,8 +130,6 @@ def main(argv: list[str]) -> int:
         env_cls = env_class(tool, args.turns, (lo, hi), args.turn_tokens)
         sessions = None
         if tool == "python":
-            from jaxrl.sandbox.session_pool import SessionPool
-
             sessions = SessionPool(args.episodes, tier=args.tier)
         try:
             runs = {"free": [], "blocking": []}

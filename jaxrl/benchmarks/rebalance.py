@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl.config import PIPELINE_MODES as MODES
+from jaxrl.config import load_config
+from jaxrl.cpu import simulated_device_flags
 
 MOVE_KEYS = ("rebalance/from_trainer_chips", "rebalance/to_trainer_chips",
              "rebalance/current_samples_per_s", "rebalance/predicted_samples_per_s",
@@ -83,8 +85,6 @@ def main(argv: list[str]) -> int:
     check_args(args)
     t, g = parse_split(args.start)
     if "XLA_FLAGS" not in os.environ:  # on a CPU backend, T + G simulated devices
-        from jaxrl.cpu import simulated_device_flags
-
         os.environ["XLA_FLAGS"] = simulated_device_flags(t + g)
     import jax
 
@@ -111,7 +111,6 @@ def main(argv: list[str]) -> int:
 
 def _run(args, overrides: list[str], tmp: str, policy: str, split: tuple[int, int],
          tag: str) -> dict:
-    from jaxrl.config import load_config
     from jaxrl.run import run
 
     cfg = load_config(args.config, [

@@ -21,6 +21,12 @@ import os
 import statistics
 import time
 
+import numpy as np
+
+from jaxrl.benchmarks.train import bench_model_config
+from jaxrl.config import LoraConfig, MeshConfig
+from jaxrl.presets import tiny_model_config
+
 
 def _shape(text: str) -> tuple[int, int]:
     try:
@@ -60,21 +66,15 @@ def main(argv: list[str]) -> int:
 def run(args) -> dict:
     """The figures of one run (`args` from `_parser()`); prints the text report as it goes."""
     import jax
-    import numpy as np
     from flax import nnx
 
-    from jaxrl.config import MeshConfig
     from jaxrl.models.model import abstract_model, create_model
     from jaxrl.rl.sync import WeightSync
     from jaxrl.sharding import make_meshes, pure_state_shardings
 
     if args.model == "bench":
-        from jaxrl.benchmarks.train import bench_model_config
-
         model_cfg = bench_model_config(argparse.Namespace(seq=512, dtype="float32"))
     else:
-        from jaxrl.presets import tiny_model_config
-
         model_cfg = tiny_model_config()
     # one client's devices: resharding between devices, not between CPU clients (jaxrl/cpu.py)
     meshes = make_meshes(MeshConfig(trainer=args.trainer, generator=args.generator,
@@ -143,7 +143,6 @@ def lora_rows(args, model_cfg, meshes, full_sync, full_params) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxrl.config import LoraConfig
     from jaxrl.models import lora
     from jaxrl.models.model import create_model
     from jaxrl.models.transformer import KVCache
