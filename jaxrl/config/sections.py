@@ -19,6 +19,7 @@ from jaxrl.config.base import (
     validate_literals,
 )
 from jaxrl.dtypes import canonical_dtype
+from jaxrl.rounding import kv_cache_len
 
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
 Architecture = Literal["llama", "mistral", "mixtral", "olmo2", "phi3", "qwen2", "qwen3",
@@ -322,8 +323,6 @@ class GenerateConfig:
     def kv_len(self, positions: int) -> int:
         """KV-cache positions per slot: `max_len`, or when it is 0 the run's sequence capacity
         `positions` rounded by `jaxrl.rounding.kv_cache_len` (the run and its memory plan)."""
-        from jaxrl.rounding import kv_cache_len
-
         page = self.page_size if self.kv_layout == "paged" else 1
         return self.max_len or kv_cache_len(positions, page)
 
