@@ -16,6 +16,9 @@ coincide (H is fixed but for the sandbox term, whose cost per rollout is constan
 
 Hosted API (per-token prices, $ per million tokens): a rollout of P prompt and R response
 tokens costs P·prefill + R·sample + epochs·(P + R)·train, per million tokens.
+
+Built-in prices: data/prices.toml (`PRICE_SHEET`), a row each with its source and date. A JSON
+file of the same sections (`--prices FILE`) adds or replaces rows by name (docs/planner.md).
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import dataclasses
 import json
 from collections.abc import Callable, Sequence
 
-from jaxrl.planner.prices import PRICE_SHEET
+from jaxrl.planner import tables
 from jaxrl.planner.recommend import SplitResult
 
 HOUR = 3600.0
-SECTIONS = ("chips", "cpu_core", "hosted")
+FIELDS = {"chips": {"usd_per_hour": float}, "cpu_core": {"usd_per_hour": float},
+          "hosted": {"prefill": float, "sample": float, "train": float}}
+SECTIONS = tuple(FIELDS)
 
 
 def load_prices(path: str | None = None) -> dict:
@@ -40,27 +45,30 @@ def load_prices(path: str | None = None) -> dict:
         return sheet
     with open(path) as f:
         user = json.load(f)
-    unknown = sorted(set(user) - set(SECTIONS))
+    for section, entries in user.items():
+        if section in ("chips", "hosted"):
+            sheet[section].update(entries)
+        else:  # cpu_core, or a section check_sheet refuses
+            sheet[section] = entries
+    return check_sheet(sheet, path)
+
+
+def check_sheet(sheet: dict, path: object = "price sheet") -> dict:
+    """`sheet` with every row checked (tables.check_row): its prices, a source and an ISO date.
+    `path` names the file in the error."""
+    unknown = sorted(set(sheet) - set(SECTIONS))
     if unknown:
         raise ValueError(f"{path}: unknown sections {unknown}; valid: {list(SECTIONS)}")
-    for section, entries in user.items():
-        if section == "cpu_core":
-            sheet[section] = entries
-        else:
-            sheet[section].update(entries)
-    check_sheet(sheet)
+    for section in ("chips", "hosted"):
+        sheet[section] = {name: tables.check_row(path, f"{section}.{name}", e, FIELDS[section])
+                          for name, e in sheet.get(section, {}).items()}
+    sheet["cpu_core"] = tables.check_row(path, "cpu_core", sheet.get("cpu_core"),
+                                         FIELDS["cpu_core"])
     return sheet
 
 
-def check_sheet(sheet: dict) -> None:
-    """Every price names its source and date."""
-    entries = [("cpu_core", sheet["cpu_core"])]
-    entries += [(f"{s}.{k}", v) for s in ("chips", "hosted") for k, v in sheet[s].items()]
-    for name, e in entries:
-        missing = [k for k in ("source", "date") if not e.get(k)]
-        if missing:
-            raise ValueError(f"price {name} lacks {missing}: every price needs a source and "
-                             f"a date")
+_SHEET_PATH = tables.DATA / "prices.toml"
+PRICE_SHEET = check_sheet(tables.read(_SHEET_PATH), _SHEET_PATH)  # read once, at import
 
 
 def chip_price(sheet: dict, hardware: str) -> float:

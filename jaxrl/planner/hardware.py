@@ -1,4 +1,5 @@
-"""Accelerator specs: a datasheet table for GPUs and TPUs, and a measured entry for the local CPU.
+"""Accelerator specs: a datasheet table for GPUs and TPUs (data/hardware.toml, one row per chip
+with its source and date), and a measured entry for the local CPU.
 
 Peak figures are dense BF16 (no structured sparsity). `ici_bw` is the per-chip scale-up link
 (NVLink / TPU ICI), `dcn_bw` the per-chip scale-out network used when the trainer and the
@@ -18,12 +19,11 @@ import os
 import platform
 import time
 from collections.abc import Callable, Mapping
+from importlib.resources.abc import Traversable
 
 import numpy as np
 
-GB = 1e9
-GiB = 2**30
-TB = 1e12
+from jaxrl.planner import tables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +36,7 @@ class HardwareSpec:
     dcn_bw: float         # scale-out bandwidth per chip, bytes/s
     chips_per_node: int   # chips sharing the scale-up domain (the split granularity)
     source: str
+    date: str = ""        # when the figures were read (measured), YYYY-MM-DD
 
     def __post_init__(self):
         for field in ("peak_flops", "hbm_bytes", "hbm_bw", "ici_bw", "dcn_bw"):
@@ -50,67 +51,20 @@ class HardwareSpec:
         return self.ici_bw if chips <= self.chips_per_node else self.dcn_bw
 
 
-_NIC_400G = 400e9 / 8  # one ConnectX-7 400 Gb/s NIC per GPU on DGX H100/H200/B200
+def load_hardware(path: Traversable) -> dict[str, HardwareSpec]:
+    """The rows of a hardware table (data/hardware.toml) as specs, each row checked."""
+    fields = {f: float for f in ("peak_flops", "hbm_bytes", "hbm_bw", "ici_bw", "dcn_bw")}
+    specs = {}
+    for name, entry in tables.read(path).items():
+        row = tables.check_row(path, name, entry, {**fields, "chips_per_node": int}, ())
+        try:
+            specs[name] = HardwareSpec(name, **row)
+        except ValueError as e:
+            raise ValueError(f"{path}: row {e}") from None
+    return specs
 
-HARDWARE: Mapping[str, HardwareSpec] = {
-    h.name: h
-    for h in (
-        HardwareSpec("h100", 989e12, 80 * GB, 3.35 * TB, 450 * GB, _NIC_400G, 8,
-                     "NVIDIA H100 Tensor Core GPU datasheet (SXM5: BF16 1,979 TFLOPS with "
-                     "sparsity, 80 GB HBM3, 3.35 TB/s, NVLink 900 GB/s bidirectional); DGX H100 "
-                     "datasheet (8x ConnectX-7 400 Gb/s)"),
-        HardwareSpec("h200", 989e12, 141 * GB, 4.8 * TB, 450 * GB, _NIC_400G, 8,
-                     "NVIDIA H200 Tensor Core GPU datasheet (SXM: BF16 1,979 TFLOPS with "
-                     "sparsity, 141 GB HBM3e, 4.8 TB/s, NVLink 900 GB/s bidirectional)"),
-        HardwareSpec("b200", 2.25e15, 180 * GB, 8 * TB, 900 * GB, _NIC_400G, 8,
-                     "NVIDIA HGX B200 / DGX B200 datasheets (per GPU: BF16 4.5 PFLOPS with "
-                     "sparsity, 180 GB HBM3e, 8 TB/s, NVLink 5 1.8 TB/s bidirectional)"),
-        HardwareSpec("tpu-v5e", 197e12, 16 * GB, 819 * GB, 1600e9 / 8, 1600e9 / 8, 256,
-                     "Google Cloud TPU v5e documentation (197 TFLOP/s BF16, 16 GB HBM2, "
-                     "819 GB/s, ICI 1,600 Gbps per chip, 256-chip pods)"),
-        HardwareSpec("tpu-v5p", 459e12, 95 * GB, 2765 * GB, 4800e9 / 8, 4800e9 / 8, 256,
-                     "Google Cloud TPU v5p documentation (459 TFLOP/s BF16, 95 GB HBM2e, "
-                     "2,765 GB/s, ICI 4,800 Gbps per chip)"),
-        HardwareSpec("tpu-v6e", 918e12, 32 * GB, 1640 * GB, 3584e9 / 8, 3584e9 / 8, 256,
-                     "Google Cloud TPU v6e (Trillium) documentation (918 TFLOP/s BF16, 32 GB "
-                     "HBM, 1,640 GB/s, ICI 3,584 Gbps per chip, 256-chip pods)"),
-        # Alternate hardware (issue 27). Sources were read 2026-12-01; "vendor claim" marks a
-        # figure only the vendor publishes (no independent measurement), "secondary" one read
-        # from a third-party page quoting the vendor's datasheet. Figures not found are named.
-        HardwareSpec("tpu7x", 2307e12, 192 * GiB, 7380 * GB, 1200 * GB / 2, 1200 * GB / 2, 256,
-                     "Google Cloud TPU7x (Ironwood) documentation, "
-                     "https://docs.cloud.google.com/tpu/docs/tpu7x (read 2026-12-01): 2,307 "
-                     "TFLOP/s BF16, 192 GiB HBM, 7,380 GB/s, ICI 1,200 GB/s bidirectional per "
-                     "chip, 9,216-chip pods; vendor claim. chips_per_node 256 as for v5p"),
-        HardwareSpec("mi300x", 1307.4e12, 192 * GB, 5.3 * TB, 448 * GB, _NIC_400G, 8,
-                     "AMD Instinct MI300X datasheet figures, secondary: "
-                     "https://raw.githubusercontent.com/alpharomercoma/MI300X-vs-H200/"
-                     "6077fdc7bfc215171c33435b7cd76ca4c5f2b236/METHODOLOGY.md (1,307.4 TFLOP/s "
-                     "BF16 dense, 192 GB HBM3, 5.3 TB/s) and https://gpu.blog/gpus/"
-                     "instinct-mi300x-mi300x (2025-01-01: Infinity Fabric 896 GB/s, 8 GPUs per "
-                     "node); read 2026-12-01; vendor claims. Scale-out: a 400 Gb/s NIC per GPU "
-                     "assumed (no published figure found)"),
-        HardwareSpec("mi325x", 1307.4e12, 256 * GB, 6 * TB, 448 * GB, _NIC_400G, 8,
-                     "AMD Instinct MI325X datasheet figures, secondary: https://awesomeagents.ai/hardware/"
-                     "amd-mi325x and https://wiaix.com/amd-instincttm-mi325x-accelerators (read "
-                     "2026-12-01: 1,307.4 TFLOP/s BF16 dense, 256 GB HBM3E, 6 TB/s, drop-in for "
-                     "the MI300X platform); vendor claims. Infinity Fabric as MI300X (same "
-                     "platform); scale-out: a 400 Gb/s NIC per GPU assumed (not found)"),
-        HardwareSpec("gaudi3", 1835e12, 128 * GB, 3.7 * TB, 600 * GB, 200e9 / 8, 8,
-                     "Intel Gaudi 3 datasheet figures, secondary: https://www.yobitel.com/knowledge-base/"
-                     "intel-gaudi-3 and https://evokernel-specs.pages.dev/hardware/gaudi-3/ "
-                     "(read 2026-12-01: 1,835 TFLOP/s BF16 matrix engines, 128 GB HBM2e, "
-                     "3.7 TB/s, 24 x 200 GbE RoCE = 600 GB/s one direction, 200 Gb/s per card "
-                     "out of the 8-card node); vendor claims (Intel)"),
-        HardwareSpec("trn2", 667e12, 96 * GiB, 2.9 * TB, _NIC_400G, _NIC_400G, 16,
-                     "AWS Neuron documentation, Trainium2 architecture, "
-                     "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/arch/"
-                     "trainium2_arch.html and .../about-neuron/arch/neuron-hardware/"
-                     "trainium2.rst (read 2026-12-01: 667 BF16 TFLOP/s dense, 96 GiB, 2.9 TB/s; "
-                     "16 chips per trn2.48xlarge); vendor claim. NeuronLink-v3 and EFA "
-                     "bandwidth per chip not found: 400 Gb/s assumed for both"),
-    )
-}
+
+HARDWARE: Mapping[str, HardwareSpec] = load_hardware(tables.DATA / "hardware.toml")
 
 CPU_NAME = "cpu"
 
@@ -154,7 +108,7 @@ def measure_cpu(matmul_n: int = 1024, copy_bytes: int = 256 << 20, repeats: int 
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        mem = 8 * GB
+        mem = 8e9
     return {"peak_flops": flops, "mem_bw": bw, "mem_bytes": float(mem),
             "cores": os.cpu_count() or 1, "matmul_n": matmul_n, "copy_bytes": copy_bytes,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -177,7 +131,7 @@ def local_cpu(*, refresh: bool = False, path: str | None = None) -> HardwareSpec
         os.replace(tmp, path)
     return HardwareSpec(
         CPU_NAME, peak_flops=m["peak_flops"], hbm_bytes=m["mem_bytes"], hbm_bw=m["mem_bw"],
-        ici_bw=m["mem_bw"], dcn_bw=m["mem_bw"], chips_per_node=1,
+        ici_bw=m["mem_bw"], dcn_bw=m["mem_bw"], chips_per_node=1, date=m["measured_at"][:10],
         source=f"measured {m['measured_at']} on {m['machine']} ({m['cores']} cores): float32 "
                f"numpy matmul n={m['matmul_n']}, memory copy of {m['copy_bytes']} bytes; "
                f"cached at {path}")
