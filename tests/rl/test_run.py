@@ -13,9 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from run_helpers import has_sealed_checkpoint, tiny_run_config
+from tiny_multiturn_config import tiny_multiturn_run_config
 
 import jaxrl.run
 from jaxrl.config import ConfigError, MeshConfig
+from jaxrl.rl import update
 from jaxrl.rl.loop import lead_for
 from jaxrl.rl.metrics import REQUIRED, read_metrics
 
@@ -30,20 +32,65 @@ def test_mesh_that_does_not_fit_fails_before_any_work(tmp_path):
     assert not (tmp_path / "runs").exists()  # nothing was created
 
 
+# The one pipeline-mode matrix of whole runs (the loop's modes are tested with fakes in
+# test_pipeline_modes.py): each mode runs once, single-turn (sync, inflight: the per-chunk weight
+# install of `_generate`) or with multi-turn episodes (periodic, async), and every check that a
+# mode's run can show is made on that run.
+MULTI_TURN = ("periodic", "async")
+K = 2
+
+
+@pytest.fixture(scope="module")
+def mode_runs(tmp_path_factory):
+    """mode -> (RunResult, [(trainer version, [token versions]) of every trained rollout])."""
+    runs = {}
+    for mode in ("sync", "periodic", "async", "inflight"):
+        tmp = tmp_path_factory.mktemp(mode)
+        pipe = dict(mode=mode, max_staleness=K)
+        train = dict(correction="tis_token" if mode == "inflight" else "none")
+        if mode in MULTI_TURN:
+            cfg = tiny_multiturn_run_config(
+                tmp, name=mode, data=dict(prompts_per_step=2, group_size=2),
+                pipeline=dict(pipe, steps=2), train=train)
+        else:
+            cfg = tiny_run_config(tmp, name=mode, pipeline=pipe, train=train)
+        seen, real = [], update.staleness_stats
+
+        def spy(groups, trainer_version, seen=seen, real=real):
+            for r in (r for g in groups for r in g.rollouts):  # the model's tokens
+                mask = r.mask if r.mask is not None else [1] * len(r.versions)
+                seen.append((trainer_version,
+                             [v for v, m in zip(r.versions, mask, strict=True) if m]))
+            return real(groups, trainer_version)
+
+        update.staleness_stats = spy
+        try:
+            runs[mode] = (jaxrl.run.run(cfg, progress=False), seen)
+        finally:
+            update.staleness_stats = real
+    return runs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "periodic", "async", "inflight"])
-def test_each_mode_completes_with_bounded_staleness(tmp_path, mode):
-    k = 2
-    cfg = tiny_run_config(tmp_path, name=mode, pipeline=dict(mode=mode, max_staleness=k),
-                          train=dict(correction="tis_token" if mode == "inflight" else "none"))
-    result = jaxrl.run.run(cfg, progress=False)
+def test_each_mode_completes_with_bounded_staleness(mode_runs, mode):
+    result, seen = mode_runs[mode]
     rows = read_metrics(result.run_dir)
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["step"] for r in rows] == list(range(2 if mode in MULTI_TURN else 3))
     for row in rows:
         missing = [name for name in REQUIRED if name not in row]
         assert not missing, missing
-        assert 0 <= row["staleness/max"] <= lead_for(mode, k)
+        assert 0 <= row["staleness/max"] <= lead_for(mode, K)
         assert row["pipeline/mode"] == mode
+    # staleness is counted on the model's tokens (of every turn): within the bound, and versions
+    # never go back in time inside an episode (inflight may move them forward between turns)
+    lags = [v - t for t, vs in seen for v in vs]
+    assert lags and all(-lead_for(mode, K) <= lag <= 0 for lag in lags)
+    assert all(vs == sorted(vs) for _, vs in seen)
+    if mode in MULTI_TURN:
+        for r in rows:
+            assert r["env/turns_mean"] == 2.0
+            assert r["generator/slots_waiting_on_tools"] == 0.0
     if mode == "inflight":  # the correction consumed the behaviour logprobs of every token
         assert any(key.startswith("is/") for key in rows[-1])
     trace = json.loads((result.run_dir / "trace.json").read_text())
@@ -54,9 +101,11 @@ def test_each_mode_completes_with_bounded_staleness(tmp_path, mode):
 
 
 @pytest.mark.slow
-def test_sync_mode_is_bit_reproducible(tmp_path):
-    a = jaxrl.run.run(tiny_run_config(tmp_path, name="a"), progress=False)
-    b = jaxrl.run.run(tiny_run_config(tmp_path, name="b"), progress=False)
+def test_sync_mode_is_bit_reproducible(tmp_path, mode_runs):
+    a = mode_runs["sync"][0]
+    b = jaxrl.run.run(tiny_run_config(tmp_path, name="sync",
+                                      pipeline=dict(mode="sync", max_staleness=K)),
+                      progress=False)
     keys = ("loss/total", "reward/mean", "train/grad_norm", "staleness/max")
     rows_a, rows_b = read_metrics(a.run_dir), read_metrics(b.run_dir)
     for ra, rb in zip(rows_a, rows_b, strict=True):

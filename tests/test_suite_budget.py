@@ -1,0 +1,26 @@
+"""The suite's budget (tests/conftest.py) can fail: a test over the limit, or too many whole-system
+runs; load beyond the suite's own workers raises the per-test limit in proportion."""
+
+from pathlib import Path
+
+from conftest import SLOWEST_TEST_S, WHOLE_RUNS_ALLOWED, _whole_runs, budget_problems
+
+
+def test_a_slow_test_or_too_many_runs_is_a_problem():
+    quiet = dict(load=2.0, workers=2, cores=2)
+    assert budget_problems({"a": SLOWEST_TEST_S - 1}, WHOLE_RUNS_ALLOWED, **quiet) == []
+    slow = budget_problems({"a": 1.0, "b": SLOWEST_TEST_S + 1}, 0, **quiet)
+    assert len(slow) == 1 and slow[0].startswith("b took")
+    many = budget_problems({}, WHOLE_RUNS_ALLOWED + 1, **quiet)
+    assert len(many) == 1 and "extend a shared run" in many[0]
+    # a machine twice as loaded as the suite itself makes: twice the time allowed
+    assert budget_problems({"b": 1.9 * SLOWEST_TEST_S}, 0, load=6.0, workers=2, cores=2) == []
+
+
+def test_run_directories_are_counted(tmp_path: Path):
+    for name, files in (("a", ["config.json", "metrics.jsonl"]), ("b", ["config.json"]),
+                        ("c", ["config.json", "checkpoints"])):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        for f in files:
+            (tmp_path / "runs" / name / f).touch()
+    assert [p.name for p in _whole_runs(tmp_path)] == ["a", "c"]  # b never started a step
