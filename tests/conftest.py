@@ -63,16 +63,8 @@ def _working_directory_survives(request):
                       f"{request.node.nodeid}; back to {_START}", stacklevel=1)
 
 
-# --- the suite's budget (docs/testing.md) -------------------------------------------------------
-# The whole suite must pass in 15 minutes on a quiet 2-core machine. Two limits keep it there,
-# checked when the session ends (the controlling process sees every worker's reports):
-#   - no single test over SLOWEST_TEST_S (its setup + call + teardown), scaled up by the load on
-#     the machine beyond the suite's own workers (CI machines are shared);
-#   - no more whole-system runs (run directories: jaxrl.run.run, launch/run.py, local_cluster)
-#     than WHOLE_RUNS_ALLOWED. To check something end to end, extend a shared run (a module
-#     fixture in tests/rl/) instead of starting another.
-SLOWEST_TEST_S = 120.0
-WHOLE_RUNS_ALLOWED = 40
+
+# --- the suite's budget (tests/suite_budget.py, docs/testing.md) --------------------------------
 _durations: dict[str, float] = {}
 
 
@@ -80,31 +72,15 @@ def pytest_runtest_logreport(report):
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
 
 
-def _whole_runs(basetemp: Path) -> list[Path]:
-    """Run directories written under this session's temporary directories."""
-    return sorted(p.parent for p in basetemp.rglob("config.json")
-                  if (p.parent / "metrics.jsonl").exists() or (p.parent / "checkpoints").exists())
-
-
-def budget_problems(durations: dict[str, float], runs: int, *, load: float, workers: int,
-                    cores: int) -> list[str]:
-    limit = SLOWEST_TEST_S * (1 + max(0.0, load - workers) / cores)
-    problems = [f"{nodeid} took {s:.0f} s, over the {limit:.0f} s a test may take "
-                f"({SLOWEST_TEST_S:.0f} s on a quiet machine)"
-                for nodeid, s in sorted(durations.items(), key=lambda kv: -kv[1]) if s > limit]
-    if runs > WHOLE_RUNS_ALLOWED:
-        problems.append(f"{runs} whole-system runs, over the {WHOLE_RUNS_ALLOWED} allowed: extend "
-                        "a shared run instead of adding one (tests/conftest.py)")
-    return problems
-
-
 def pytest_sessionfinish(session, exitstatus):
+    from suite_budget import WHOLE_RUNS_ALLOWED, budget_problems, whole_runs
+
     if hasattr(session.config, "workerinput") or exitstatus != 0 or not _durations:
         return  # an xdist worker, or a failed / partial run
     if session.config.option.keyword or session.config.option.markexpr or \
             len(_durations) < 1000:
         return  # a selection of tests, not the whole suite
-    runs = _whole_runs(session.config._tmp_path_factory.getbasetemp())
+    runs = whole_runs(session.config._tmp_path_factory.getbasetemp())
     workers = getattr(session.config.option, "numprocesses", None) or 1
     problems = budget_problems(_durations, len(runs), load=os.getloadavg()[0],
                                workers=int(workers), cores=os.cpu_count() or 1)

@@ -1,9 +1,10 @@
-"""The suite's budget (tests/conftest.py) can fail: a test over the limit, or too many whole-system
-runs; load beyond the suite's own workers raises the per-test limit in proportion."""
+"""The suite's budget (tests/suite_budget.py, checked by tests/conftest.py) can fail: a test over
+the limit, or too many whole-system runs; load beyond the suite's own workers raises the per-test
+limit in proportion."""
 
 from pathlib import Path
 
-from conftest import SLOWEST_TEST_S, WHOLE_RUNS_ALLOWED, _whole_runs, budget_problems
+from suite_budget import SLOWEST_TEST_S, WHOLE_RUNS_ALLOWED, budget_problems, whole_runs
 
 
 def test_a_slow_test_or_too_many_runs_is_a_problem():
@@ -23,4 +24,4 @@ def test_run_directories_are_counted(tmp_path: Path):
         (tmp_path / "runs" / name).mkdir(parents=True)
         for f in files:
             (tmp_path / "runs" / name / f).touch()
-    assert [p.name for p in _whole_runs(tmp_path)] == ["a", "c"]  # b never started a step
+    assert [p.name for p in whole_runs(tmp_path)] == ["a", "c"]  # b never started a step

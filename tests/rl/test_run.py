@@ -49,8 +49,9 @@ def mode_runs(tmp_path_factory):
         pipe = dict(mode=mode, max_staleness=K)
         train = dict(correction="tis_token" if mode == "inflight" else "none")
         if mode in MULTI_TURN:
-            cfg = tiny_multiturn_run_config(
-                tmp, name=mode, data=dict(prompts_per_step=2, group_size=2),
+            cfg = tiny_multiturn_run_config(  # also: data.eval=false with eval_every=1
+                tmp, name=mode, data=dict(prompts_per_step=2, group_size=2, eval=False,
+                                          eval_every=1),
                 pipeline=dict(pipe, steps=2), train=train)
         else:
             cfg = tiny_run_config(tmp, name=mode, pipeline=pipe, train=train)
@@ -91,6 +92,12 @@ def test_each_mode_completes_with_bounded_staleness(mode_runs, mode):
         for r in rows:
             assert r["env/turns_mean"] == 2.0
             assert r["generator/slots_waiting_on_tools"] == 0.0
+        # --data.eval=false turns evaluation off (run(evaluate=True), the default, is not
+        # enough to turn it on), even with eval_every=1
+        assert result.eval_start == {} and result.eval_end == {}
+        assert not [k for r in rows for k in r if k.startswith("eval/")]
+    else:
+        assert result.eval_start and result.eval_end
     if mode == "inflight":  # the correction consumed the behaviour logprobs of every token
         assert any(key.startswith("is/") for key in rows[-1])
     trace = json.loads((result.run_dir / "trace.json").read_text())

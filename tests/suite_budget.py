@@ -1,0 +1,33 @@
+"""The suite's budget (docs/testing.md), checked by tests/conftest.py when a whole-suite run ends.
+
+The whole suite must pass in 15 minutes on a quiet 2-core machine. Two limits keep it there:
+  - no single test over SLOWEST_TEST_S (its setup + call + teardown), scaled up by the load on
+    the machine beyond the suite's own workers (CI machines are shared);
+  - no more whole-system runs (run directories: jaxrl.run.run, launch/run.py, local_cluster)
+    than WHOLE_RUNS_ALLOWED. To check something end to end, extend a shared run (a module
+    fixture in tests/rl/) instead of starting another.
+"""
+
+from pathlib import Path
+
+SLOWEST_TEST_S = 120.0
+WHOLE_RUNS_ALLOWED = 40  # 2026-12-05: 40 (about 51 before); lower it as runs are shared
+
+
+def whole_runs(basetemp: Path) -> list[Path]:
+    """Run directories written under this session's temporary directories (a run that stopped
+    before its first step wrote no metrics or checkpoints and does not count)."""
+    return sorted(p.parent for p in basetemp.rglob("config.json")
+                  if (p.parent / "metrics.jsonl").exists() or (p.parent / "checkpoints").exists())
+
+
+def budget_problems(durations: dict[str, float], runs: int, *, load: float, workers: int,
+                    cores: int) -> list[str]:
+    limit = SLOWEST_TEST_S * (1 + max(0.0, load - workers) / cores)
+    problems = [f"{nodeid} took {s:.0f} s, over the {limit:.0f} s a test may take "
+                f"({SLOWEST_TEST_S:.0f} s on a quiet machine)"
+                for nodeid, s in sorted(durations.items(), key=lambda kv: -kv[1]) if s > limit]
+    if runs > WHOLE_RUNS_ALLOWED:
+        problems.append(f"{runs} whole-system runs, over the {WHOLE_RUNS_ALLOWED} allowed: extend "
+                        "a shared run instead of adding one (tests/suite_budget.py)")
+    return problems
