@@ -2,6 +2,7 @@
 the limit, or too many whole-system runs; load beyond the suite's own workers raises the per-test
 limit in proportion."""
 
+import tempfile
 from pathlib import Path
 
 from suite_budget import SLOWEST_TEST_S, WHOLE_RUNS_ALLOWED, budget_problems, whole_runs
@@ -18,10 +19,12 @@ def test_a_slow_test_or_too_many_runs_is_a_problem():
     assert budget_problems({"b": 1.9 * SLOWEST_TEST_S}, 0, load=6.0, workers=2, cores=2) == []
 
 
-def test_run_directories_are_counted(tmp_path: Path):
-    for name, files in (("a", ["config.json", "metrics.jsonl"]), ("b", ["config.json"]),
-                        ("c", ["config.json", "checkpoints"])):
-        (tmp_path / "runs" / name).mkdir(parents=True)
-        for f in files:
-            (tmp_path / "runs" / name / f).touch()
-    assert [p.name for p in whole_runs(tmp_path)] == ["a", "c"]  # b never started a step
+def test_run_directories_are_counted():
+    # outside the session's temporary directories, which the budget counts
+    with tempfile.TemporaryDirectory() as root:
+        for name, files in (("a", ["config.json", "metrics.jsonl"]), ("b", ["config.json"]),
+                            ("c", ["config.json", "checkpoints"])):
+            (Path(root) / "runs" / name).mkdir(parents=True)
+            for f in files:
+                (Path(root) / "runs" / name / f).touch()
+        assert [p.name for p in whole_runs(Path(root))] == ["a", "c"]  # b never started
