@@ -17,7 +17,9 @@ deadline scores 0 for that item; the failure is logged and counted (`RewardBatch
 with `isolated=True` (the default, and so `math_answer` and `format`) run in killable worker
 processes (`jaxrl.sandbox.workers`): a hang or a memory blow-up costs a worker, never the trainer.
 `isolated=False` runs in-process for cheap trusted code; it still cannot crash the run, but it
-cannot be timed out either.
+cannot be timed out either. An isolated reward may be defined anywhere (an experiment file loaded
+with `--config`, `__main__`, inside `config()`): the workers get it by reference when they can
+import its module, else by value (cloudpickle).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import cloudpickle
 
 from jaxrl.rewards.code import tests as _code
 from jaxrl.rewards.math import answer as _math
@@ -76,13 +80,15 @@ def register_reward(
     def deco(fn: RewardFn) -> RewardFn:
         if name in _REGISTRY and not overwrite:
             raise ValueError(f"reward {name!r} is already registered (pass overwrite=True)")
-        qualname = getattr(fn, "__qualname__", "")
-        if isolated and batch is None and ("<" in qualname or not hasattr(fn, "__module__")):
-            raise ValueError(
-                f"reward {name!r} runs in worker processes (isolated=True) so it must be "
-                f"picklable by reference, got {qualname!r}: define it at module level, or "
-                "register with isolated=False"
-            )
+        if isolated and batch is None:
+            try:  # what KillableWorkers.map sends: by reference, or by value when not importable
+                cloudpickle.dumps(fn)
+            except Exception as e:  # noqa: BLE001 - any pickling failure, named below
+                raise ValueError(
+                    f"reward {name!r} runs in worker processes (isolated=True) so it must be "
+                    f"picklable, and {getattr(fn, '__qualname__', fn)!r} is not "
+                    f"({type(e).__name__}: {str(e)[:200]}); register with isolated=False "
+                    "to run it in-process") from None
         _REGISTRY[name] = Reward(name, fn, batch, needs_pool, isolated, check_options)
         return fn
 

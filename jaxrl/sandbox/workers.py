@@ -8,10 +8,12 @@ is SIGKILLed and a fresh one starts in its place. Workers also run under an addr
     with KillableWorkers(num_workers=2) as workers:
         outs = workers.map(fn, [(a1,), (a2,)], timeout_s=5.0)   # each: value, or a WorkerError
 
-`fn` is pickled by reference, so it must be a module-level function of an importable module (or a
-`functools.partial` of one). Workers are fresh interpreters started with `python -c` and this
-process's `sys.path`; unlike multiprocessing's spawn/forkserver they never re-import `__main__`
-(which would fail for `python -`, and would import jax for a training script).
+`fn` is pickled once per `map` with cloudpickle: a function of an importable module goes by
+reference (the worker imports it), one the workers cannot import (an experiment file loaded by
+path, `__main__`, a closure or a lambda) goes by value, with the globals it uses. Workers are fresh
+interpreters started with `python -c` and this process's `sys.path`; unlike multiprocessing's
+spawn/forkserver they never re-import `__main__` (which would fail for `python -`, and would import
+jax for a training script).
 
 Results come back in input order; a timed-out or crashed call yields a `RewardTimeout` or
 `WorkerError` instance in its place instead of raising, so one bad item never fails the batch.
@@ -34,6 +36,8 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import cloudpickle
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,7 @@ def _worker_entry() -> None:
         except Exception:  # a missing optional module must not kill the worker
             pass
     conn.send(("ready", None))
+    loaded: tuple[bytes, Callable] | None = None  # the last function received, unpickled once
     while True:
         try:
             raw = conn.recv_bytes()
@@ -79,8 +84,10 @@ def _worker_entry() -> None:
             msg = pickle.loads(raw)
             if msg is None:
                 return
-            fn, args = msg
-            out = ("ok", fn(*args))
+            fn_bytes, args = msg
+            if loaded is None or loaded[0] != fn_bytes:
+                loaded = (fn_bytes, pickle.loads(fn_bytes))
+            out = ("ok", loaded[1](*args))
         except BaseException as e:  # noqa: BLE001 - everything is reported, nothing escapes
             out = ("err", f"{type(e).__name__}: {e}"[:1000])
         try:
@@ -222,9 +229,14 @@ class KillableWorkers:
         with self._lock:
             if self._closed:
                 raise RuntimeError("KillableWorkers is closed")
-            return self._map_locked(fn, list(args), float(timeout_s))
+            try:
+                fn_bytes = cloudpickle.dumps(fn)
+            except Exception as e:  # noqa: BLE001 - e.g. a function holding a lock or a socket
+                err = WorkerError(f"could not send call: {type(e).__name__}: {e}"[:1000])
+                return [err] * len(args)
+            return self._map_locked(fn_bytes, list(args), float(timeout_s))
 
-    def _map_locked(self, fn, args: list[tuple], timeout_s: float) -> list[Any]:
+    def _map_locked(self, fn_bytes: bytes, args: list[tuple], timeout_s: float) -> list[Any]:
         results: list[Any] = [None] * len(args)
         pending = collections.deque(range(len(args)))
         done = 0
@@ -238,8 +250,8 @@ class KillableWorkers:
                 if slot is not None and slot.state == "idle" and pending:
                     k = pending.popleft()
                     try:
-                        slot.conn.send((fn, args[k]))
-                    except Exception as e:  # unpicklable fn/args, or a dead pipe
+                        slot.conn.send((fn_bytes, args[k]))
+                    except Exception as e:  # unpicklable args, or a dead pipe
                         results[k] = WorkerError(f"could not send call: {type(e).__name__}: {e}")
                         done += 1
                         if isinstance(e, OSError):

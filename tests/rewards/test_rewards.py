@@ -6,6 +6,7 @@ and in the test id).
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -201,9 +202,11 @@ register_reward("test_raises", isolated=False, overwrite=True)(_always_raises)
 register_reward("test_nan", isolated=False, overwrite=True)(_returns_nan)
 
 
-def test_lambda_cannot_be_isolated():
-    with pytest.raises(ValueError, match="picklable"):
-        register_reward("test_lambda", overwrite=True)(lambda p, c, **_: 1.0)
+def test_unpicklable_reward_cannot_be_isolated():
+    lock = threading.Lock()  # a closure over a lock cannot reach a worker process
+    with pytest.raises(ValueError, match=r"'test_lock'.*must be picklable.*TypeError.*lock"):
+        register_reward("test_lock", overwrite=True)(lambda p, c, **_: float(lock.locked()))
+    register_reward("test_lock", overwrite=True, isolated=False)(lambda p, c, **_: 1.0)
 
 
 def test_weighted_combination_with_components(workers):
