@@ -132,6 +132,35 @@ def test_generate_cli_reads_a_run_directory(run, capsys):
     assert f"tokens: {want[0].tokens}" in out
 
 
+@pytest.mark.slow
+def test_a_run_whose_task_this_process_never_registered_exports_and_samples(run, tmp_path,
+                                                                             capsys):
+    """An API run (or an experiment file's own `register_task`) records a task that only its
+    process registered; exporting and sampling its policy need no task (before: `data.task=
+    'api_sums_8619b04c' is not valid`)."""
+    import shutil
+
+    from jaxrl.config.data import task_names
+    from jaxrl.generate.__main__ import main as generate_main
+
+    run_dir = tmp_path / "api_run"
+    shutil.copytree(run["dir"], run_dir)
+    raw = json.loads((run_dir / "config.json").read_text())
+    raw["data"] = {**raw["data"], "task": "api_sums_8619b04c", "paths": []}
+    (run_dir / "config.json").write_text(json.dumps(raw))
+    assert "api_sums_8619b04c" not in task_names()
+
+    out = tmp_path / "hf"
+    assert _export_main()([str(run_dir), str(out)]) == 0, capsys.readouterr().err
+    from safetensors.numpy import load_file
+
+    exported = load_file(str(out / "model.safetensors"))
+    embed = np.asarray(run["params"]["embed"])
+    assert np.array_equal(exported["model.embed_tokens.weight"], embed)  # the run's weights
+    assert generate_main(["--model", str(run_dir), "--prompt", "1+1=", "--max-tokens", "2"]) == 0
+    assert "--- prompt 0 sample 0" in capsys.readouterr().out
+
+
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
     """A LoRA run directory as `jaxrl.run` leaves it: the adapters (B non-zero) and their

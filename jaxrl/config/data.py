@@ -9,7 +9,9 @@ Every invalid value fails in `__post_init__` with the field, the value received 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 from typing import Any, Literal
 
 from jaxrl.config.base import ConfigError, check
@@ -34,6 +36,21 @@ def task_names() -> list[str]:
 
 def add_task_name(name: str) -> None:
     _TASK_NAMES.add(name)
+
+
+_UNCHECKED = threading.local()
+
+
+@contextlib.contextmanager
+def tasks_unchecked():
+    """Inside: `DataConfig` accepts a task name this process has not registered (a run's
+    config.json read back to export or sample its policy, which needs no task;
+    `jaxrl.config.readback`)."""
+    _UNCHECKED.depth = getattr(_UNCHECKED, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _UNCHECKED.depth -= 1
 
 
 class DataConfigError(ConfigError):
@@ -143,7 +160,7 @@ class DataConfig:
 
     def __post_init__(self):
         names = task_names()
-        if self.task not in names:
+        if self.task not in names and not getattr(_UNCHECKED, "depth", 0):
             raise DataConfigError(f"data.task={self.task!r} is not valid; valid choices: {names}")
         if self.prompt_format not in ("auto", "plain", "chat"):
             raise DataConfigError(

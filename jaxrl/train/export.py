@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from jaxrl.config import ConfigError, MeshConfig, RunConfig
+from jaxrl.config.data import task_names
 from jaxrl.data.tasks import build_task
 from jaxrl.models import lora
 from jaxrl.models.hf import save_adapter, save_pretrained
@@ -108,7 +109,16 @@ def lora_base(cfg: RunConfig, model_cfg, tokenizer) -> dict:
     the run built it (`initial_params` on one device: the `init` model, the SFT warm start
     from its cache -- trained again when the cache is gone -- or the seeded init)."""
     mesh = make_meshes(MeshConfig(trainer=(1, 1), generator=(1, 1))).trainer
-    task = build_task(cfg.data) if cfg.data.sft.steps else None
+    task = None
+    if cfg.data.sft.steps:  # the base is the SFT warm start, trained on the run's task
+        if cfg.data.task not in task_names():
+            raise ConfigError(
+                f"data.task={cfg.data.task!r}: this LoRA run's base is jaxrl's seeded init plus "
+                f"an SFT warm start on that task, which only the process that ran it registered "
+                f"(jaxrl.api.train or an experiment file's register_task): register it in this "
+                f"process (import that file, or call export_run after train) to rebuild the "
+                f"base; registered here: {task_names()}")
+        task = build_task(cfg.data)
     params, _ = initial_params(cfg, mesh, tokenizer, task, model_cfg, _OneProcess())
     dtype = np.dtype(model_cfg.param_dtype)
     return jax.tree.map(lambda x: np.asarray(jax.device_get(x)).astype(dtype), params)

@@ -4,15 +4,11 @@ is it one, its checkpoint steps, the `RunConfig` its config.json recorded (`jaxr
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import logging
-import typing
 from pathlib import Path
 
 from jaxrl.config import ConfigError, RunConfig
-
-log = logging.getLogger("jaxrl")
+from jaxrl.config.readback import read_config
 
 
 def is_run_dir(path: str | Path) -> bool:
@@ -53,32 +49,8 @@ def check_run_dir(run_dir: str | Path, step: int | None = None) -> int:
     return step
 
 
-def _from_dict(cls, raw: dict, where: str):
-    hints = typing.get_type_hints(cls)
-    kw = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in raw:
-            continue  # a run written before the field existed: its default
-        value, tp = raw[f.name], hints[f.name]
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        sub = tp if dataclasses.is_dataclass(tp) else next(
-            (a for a in args if dataclasses.is_dataclass(a)), None)
-        if sub is not None and isinstance(value, dict):
-            value = _from_dict(sub, value, f"{where}{f.name}.")
-        elif isinstance(value, list):
-            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
-        kw[f.name] = value
-    unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-        log.warning("run config: ignoring keys this jaxrl does not know: %s",
-                    [where + k for k in unknown])
-    return cls(**kw)
-
-
-def run_config(run_dir: str | Path) -> RunConfig:
-    """The `RunConfig` a run directory recorded in its config.json."""
-    raw = json.loads((Path(run_dir) / "config.json").read_text())
-    try:
-        return _from_dict(RunConfig, raw, "")
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{run_dir}/config.json cannot be read back as a run config: {e}") from e
+def run_config(run_dir: str | Path, *, any_task: bool = True) -> RunConfig:
+    """The `RunConfig` a run directory recorded in its config.json. `any_task` (export,
+    sampling): a `data.task` registered only in the process that ran it (`jaxrl.api.train`, an
+    experiment file's `register_task`) is kept as a name, not refused."""
+    return read_config(Path(run_dir) / "config.json", any_task=any_task)
