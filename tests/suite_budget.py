@@ -8,6 +8,7 @@ The whole suite must pass in 15 minutes on a quiet 2-core machine. Two limits ke
     fixture in tests/rl/) instead of starting another.
 """
 
+import hashlib
 from pathlib import Path
 
 SLOWEST_TEST_S = 120.0
@@ -16,9 +17,18 @@ WHOLE_RUNS_ALLOWED = 40  # 2026-12-05: 40 (about 51 before); lower it as runs ar
 
 def whole_runs(basetemp: Path) -> list[Path]:
     """Run directories written under this session's temporary directories (a run that stopped
-    before its first step wrote no metrics or checkpoints and does not count)."""
-    return sorted(p.parent for p in basetemp.rglob("config.json")
-                  if (p.parent / "metrics.jsonl").exists() or (p.parent / "checkpoints").exists())
+    before its first step wrote no metrics or checkpoints and does not count; a copy of a run,
+    e.g. one an export test edits, has the same metrics.jsonl and counts once)."""
+    runs, seen = [], set()
+    for p in sorted(basetemp.rglob("config.json")):
+        metrics = p.parent / "metrics.jsonl"
+        if not (metrics.exists() or (p.parent / "checkpoints").exists()):
+            continue
+        key = hashlib.sha256((metrics if metrics.exists() else p).read_bytes()).hexdigest()
+        if key not in seen:
+            seen.add(key)
+            runs.append(p.parent)
+    return runs
 
 
 def budget_problems(durations: dict[str, float], runs: int, *, load: float, workers: int,

@@ -19,12 +19,19 @@ def test_a_slow_test_or_too_many_runs_is_a_problem():
     assert budget_problems({"b": 1.9 * SLOWEST_TEST_S}, 0, load=6.0, workers=2, cores=2) == []
 
 
-def test_run_directories_are_counted():
+def test_run_directories_are_counted_and_copies_once():
     # outside the session's temporary directories, which the budget counts
     with tempfile.TemporaryDirectory() as root:
-        for name, files in (("a", ["config.json", "metrics.jsonl"]), ("b", ["config.json"]),
-                            ("c", ["config.json", "checkpoints"])):
+        for name, files in (("a", {"config.json": "{}", "metrics.jsonl": '{"step": 0}'}),
+                            ("b", {"config.json": "{}"}),
+                            ("c", {"config.json": '{"c": 1}', "checkpoints": None}),
+                            ("d", {"config.json": '{"d": 1}', "metrics.jsonl": '{"step": 0}'}),
+                            ("e", {"config.json": "{}", "metrics.jsonl": '{"step": 1}'})):
             (Path(root) / "runs" / name).mkdir(parents=True)
-            for f in files:
-                (Path(root) / "runs" / name / f).touch()
-        assert [p.name for p in whole_runs(Path(root))] == ["a", "c"]  # b never started
+            for f, text in files.items():
+                if text is None:
+                    (Path(root) / "runs" / name / f).mkdir()
+                else:
+                    (Path(root) / "runs" / name / f).write_text(text)
+        # b never started; d is a copy of a with its config edited
+        assert [p.name for p in whole_runs(Path(root))] == ["a", "c", "e"]

@@ -204,32 +204,9 @@ def test_sft_prints_one_line_per_logged_step(tmp_path, capsys, caplog):
     assert [int(re.search(r"step (\d+)", ln).group(1)) for ln in shown] == [1, 2, 4]
 
 
-@pytest.mark.slow
-def test_a_run_logs_the_before_rl_evaluation_at_step_0_and_samples(tmp_path, capsys):
-    from run_helpers import tiny_run_config
-
-    import jaxrl.run
-
-    cfg = tiny_run_config(tmp_path, pipeline=dict(samples_every=2))
-    result = jaxrl.run.run(cfg)
-    rows = read_metrics(result.run_dir)
-    assert [r["step"] for r in rows] == [0, 1, 2]
-    assert {k: rows[0][k] for k in result.eval_start} == result.eval_start  # before RL: step 0
-    assert {k: rows[-1][k] for k in result.eval_end} == result.eval_end  # after RL: the last
-    first, last = (f"{result.eval_start['eval/pass@1']:.4g}",
-                   f"{result.eval_end['eval/pass@1']:.4g}")
-    assert re.search(rf"pass@1\s+{re.escape(first)}\s+{re.escape(last)}\s", result.summary)
-    samples = [json.loads(x) for x in (result.run_dir / "samples.jsonl").read_text().splitlines()]
-    assert {s["step"] for s in samples} == {1}  # rows whose (step + 1) % 2 == 0
-    assert all(set(s) == {"step", "prompt", "completion", "reward"} for s in samples)
-    assert all(s["prompt"] and 0.0 <= s["reward"] <= 1.0 for s in samples)
-    texts = _texts(result.run_dir)
-    assert json.loads(texts["config/text_summary"][0][1].strip("`\n"))["name"] == cfg.name
-    err = capsys.readouterr().err
-    assert re.search(r"^eval@0 \d+/\d+ \| ", err, re.M)  # the before-RL evaluation shows
-    assert [int(s) for s in re.findall(r"^RL \d+/3 \| step (\d+)", err, re.M)] == [0, 1, 2]
-    again = jaxrl.run.run(cfg, resume=True, progress=False)
-    assert "is complete at step 2 (3 steps); nothing to do" in again.summary
+# The before-RL evaluation at step 0, samples, the config in TensorBoard and the console steps of a
+# whole run: tests/rl/test_run_defects.py::test_a_run_logs_the_before_rl_evaluation_at_step_0_and_
+# samples (on that file's shared run).
 
 
 def test_terminal_gets_one_tqdm_bar_with_the_same_eta(clock):

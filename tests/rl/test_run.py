@@ -208,43 +208,24 @@ def test_failing_reward_is_counted_not_fatal(tmp_path, monkeypatch):
     assert "sandbox/timeouts" in rows[-1]
 
 
-@pytest.mark.slow
-def test_periodic_downweights_data_beyond_the_bound(tmp_path):
-    # periodic data is one version old; a bound of 0 with "downweight" keeps every group at
-    # weight 0.5 ** 1 and counts it (with "drop" the config is rejected: nothing would be left).
-    pipe = dict(mode="periodic", max_staleness=0, stale_policy="downweight", stale_weight=0.5)
-    result = jaxrl.run.run(tiny_run_config(tmp_path, pipeline=pipe), progress=False)
-    rows = read_metrics(result.run_dir)
-    # step 0 is generated from the initial weights, version 0: within the bound
-    assert [r["staleness/downweighted_groups"] > 0 for r in rows] == [False, True, True]
-    assert all(r["staleness/dropped_groups"] == 0 for r in rows)
-    with pytest.raises(ConfigError, match="would drop every batch"):
-        tiny_run_config(tmp_path, pipeline=dict(pipe, stale_policy="drop"))
+def test_nan_inside_a_step_stops_the_run_after_logging_the_good_steps():
+    """nan_policy=stop: the trainer's NonFiniteError (tests/train/test_step.py raises it from a
+    NaN on the device) ends the run; the rows before it were logged, the bad step's was not, and
+    the generator thread is gone. (nan_policy=skip is checked on a whole run in
+    test_run_defects.py::test_skipped_update_keeps_checkpoints_on_pipeline_steps.)"""
+    from fake_loop import batch, fake_loop
 
+    from jaxrl.train.trainer import NonFiniteError
 
-@pytest.mark.slow
-@pytest.mark.parametrize("policy", ["stop", "skip"])
-def test_nan_inside_a_step_stops_or_is_skipped(tmp_path, monkeypatch, policy):
-    import jax.numpy as jnp
+    def train(step, produced):
+        if step == 1:
+            raise NonFiniteError("step 1: non-finite loss or gradient (nan_policy='stop')")
+        return {"loss/total": 1.0}, f"params-{step + 1}"
 
-    from jaxrl.train.trainer import NonFiniteError, Trainer
-
-    real_prepare, calls = Trainer._prepare, []
-
-    def poisoned(self, batch, **kw):  # the second update's rewards turn NaN on the device
-        out, *rest = real_prepare(self, batch, **kw)  # the device batch first
-        calls.append(1)
-        return (out.replace(rewards=out.rewards * jnp.nan) if len(calls) == 2 else out), *rest
-
-    monkeypatch.setattr(Trainer, "_prepare", poisoned)
-    cfg = tiny_run_config(tmp_path, pipeline=dict(steps=4), train=dict(nan_policy=policy))
-    if policy == "stop":
-        with pytest.raises(NonFiniteError, match="non-finite loss or gradient"):
-            jaxrl.run.run(cfg, progress=False)
-        assert not [t for t in threading.enumerate() if t.name == "jaxrl-generator"]
-        rows = read_metrics(tmp_path / "runs" / cfg.name)
-        assert [r["step"] for r in rows] == [0]  # the good step was logged, the bad one not
-        return
-    rows = read_metrics(jaxrl.run.run(cfg, progress=False).run_dir)
-    assert [r["train/nonfinite"] for r in rows] == [0, 1, 0, 0]
-    assert all(np.isfinite(r["loss/total"]) for i, r in enumerate(rows) if i != 1)
+    rows = []
+    loop = fake_loop("periodic", produce=lambda step, weights: batch(step, weights()[1]),
+                     train=train, publish=lambda params, version: (params, {}), rows=rows)
+    with pytest.raises(NonFiniteError, match="non-finite loss or gradient"):
+        loop.run(start_step=0, num_steps=4)
+    assert [r["loss/total"] for r in rows] == [1.0]  # step 0's row only
+    assert not [t for t in threading.enumerate() if t.name == "jaxrl-generator"]
