@@ -35,11 +35,14 @@ _UID_BASE = default_uid_base()  # before a worker moves it: the controlling proc
 
 
 def pytest_configure(config):
-    """Sandbox slot uids are leased machine-wide, and tests check that no process of a closed
+    """xdist hands out whole files in collection order (the longest first, below). Sandbox
+    slot uids are leased machine-wide, and tests check that no process of a closed
     pool's uids is left. With one uid range for all xdist workers, another worker's pool could
     lease a uid the moment it is released and run jobs as it (a CI run failed so). Each worker
     gets its own range (the worker id is known from here on, not when this file is imported);
     the runs and Ray workers its tests start inherit it."""
+    if hasattr(config.option, "loadscopereorder"):  # xdist: hand out files in collection order
+        config.option.loadscopereorder = False  # (the longest first: see below)
     worker = getattr(config, "workerinput", {}).get("workerid", "").removeprefix("gw")
     if worker.isdigit():  # an xdist worker (its environment came from the controlling process)
         os.environ[UID_BASE_ENV] = str(_UID_BASE + 8192 * int(worker))
@@ -65,6 +68,14 @@ def _working_directory_survives(request):
 
 
 # --- the suite's budget (tests/suite_budget.py, docs/testing.md) --------------------------------
+def pytest_collection_modifyitems(session, config, items):
+    """The longest files first (suite_budget.LONG_FILES); xdist's controller keeps this order
+    (pytest_configure turns off its default reordering of files by their number of tests)."""
+    from suite_budget import long_files_first
+
+    items[:] = [items[i] for i in long_files_first([item.nodeid for item in items])]
+
+
 _durations: dict[str, float] = {}
 
 

@@ -5,7 +5,16 @@ limit in proportion."""
 import tempfile
 from pathlib import Path
 
-from suite_budget import SLOWEST_TEST_S, WHOLE_RUNS_ALLOWED, budget_problems, whole_runs
+from suite_budget import (
+    LONG_FILES,
+    SLOWEST_TEST_S,
+    WHOLE_RUNS_ALLOWED,
+    budget_problems,
+    long_files_first,
+    whole_runs,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_slow_test_or_too_many_runs_is_a_problem():
@@ -35,3 +44,13 @@ def test_run_directories_are_counted_and_copies_once():
                     (Path(root) / "runs" / name / f).write_text(text)
         # b never started; d is a copy of a with its config edited
         assert [p.name for p in whole_runs(Path(root))] == ["a", "c", "e"]
+
+
+def test_the_longest_files_go_first_each_in_its_own_order():
+    ids = ["tests/a.py::x", f"{LONG_FILES[1]}::p", "tests/a.py::y", f"{LONG_FILES[0]}::q",
+           f"{LONG_FILES[1]}::r"]
+    assert [ids[i] for i in long_files_first(ids)] == [
+        f"{LONG_FILES[0]}::q", f"{LONG_FILES[1]}::p", f"{LONG_FILES[1]}::r", "tests/a.py::x",
+        "tests/a.py::y"]
+    missing = [f for f in LONG_FILES if not (ROOT / f).is_file()]
+    assert not missing, f"renamed or removed: update suite_budget.LONG_FILES {missing}"
