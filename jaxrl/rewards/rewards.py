@@ -39,7 +39,7 @@ import cloudpickle
 
 from jaxrl.rewards.code import tests as _code
 from jaxrl.rewards.math import answer as _math
-from jaxrl.sandbox.workers import KillableWorkers, RewardTimeout
+from jaxrl.sandbox.workers import KillableWorkers, RewardTimeout, WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,8 @@ class RewardBatch:
     components: dict[str, list[float]]
     errors: dict[str, int]
     timeouts: dict[str, int]
+    # per reward name: its first failure in this batch as "Type: message" (absent: none failed)
+    first_errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def metrics(self, prefix: str = "reward") -> dict[str, float]:
         n = max(1, len(self.total))
@@ -177,6 +179,15 @@ class RewardBatch:
             m[f"{prefix}/{name}/errors"] = float(self.errors.get(name, 0))
             m[f"{prefix}/{name}/timeouts"] = float(self.timeouts.get(name, 0))
         return m
+
+
+def describe_error(err: BaseException) -> str:
+    """`Type: message` of a reward's failure (300 characters at most). An exception raised in a
+    reward worker arrives as a `WorkerError` whose message is already the worker's `Type:
+    message`."""
+    if type(err) is WorkerError:
+        return f"{err} (in a reward worker)"[:300]
+    return f"{type(err).__name__}: {err}"[:300]
 
 
 def _call_item(fn: RewardFn, options: Mapping[str, Any], item: Mapping[str, Any]) -> float:
@@ -280,6 +291,7 @@ class RewardScorer:
         components: dict[str, list[float]] = {}
         errors: dict[str, int] = {}
         timeouts: dict[str, int] = {}
+        first_errors: dict[str, str] = {}
         total = [0.0] * len(items)
         futures = [self._submit(t, items) for t in self.spec.terms]
         for term, future in zip(self.spec.terms, futures, strict=True):
@@ -297,6 +309,7 @@ class RewardScorer:
                     n_to += 1
                 else:
                     n_err += 1
+                first_errors.setdefault(term.name, describe_error(v))
                 self._log(term.name, k, v, n_err + n_to)
                 vals.append(0.0)
             if n_err + n_to > _LOG_PER_BATCH:
@@ -315,7 +328,7 @@ class RewardScorer:
             for name in errors:
                 self.error_counts[name] += errors[name]
                 self.timeout_counts[name] += timeouts[name]
-        return RewardBatch(total, components, errors, timeouts)
+        return RewardBatch(total, components, errors, timeouts, first_errors)
 
     def _run_term(self, term: RewardTerm, items: Sequence[Mapping[str, Any]]) -> list[Any]:
         reward = get_reward(term.name)
@@ -348,13 +361,8 @@ class RewardScorer:
 
     def _log(self, name: str, index: int, err: BaseException, nth_in_batch: int) -> None:
         if nth_in_batch <= _LOG_PER_BATCH:  # the rest of the batch goes into one summary line
-            log.warning(
-                "reward %r failed on item %d (scored 0): %s: %s",
-                name,
-                index,
-                type(err).__name__,
-                str(err)[:300],
-            )
+            log.warning("reward %r failed on item %d (scored 0): %s", name, index,
+                        describe_error(err))
 
     def metrics(self) -> dict[str, float]:
         """Cumulative counters since construction, for the metrics stream."""

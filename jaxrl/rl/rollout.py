@@ -32,19 +32,57 @@ from jaxrl.cpu import return_free_memory
 from jaxrl.data.evaluate import eval_metrics
 from jaxrl.generate.sampling import SamplingParams
 from jaxrl.generate.scheduler import Scheduler
-from jaxrl.rewards import LocalSandboxPool, RewardScorer
+from jaxrl.rewards import LocalSandboxPool, RewardBatch, RewardScorer
 from jaxrl.rl.buffer import Group, Rollout, RolloutBuffer
 from jaxrl.trace import TraceWriter
 
 log = logging.getLogger("jaxrl")
 
 SAMPLES_PER_STEP = 4  # (prompt, completion, reward) samples kept per batch
+# A reward that fails on more than this share of a step's items (raises, returns a non-number,
+# crashes its worker or passes rewards.timeout_s) stops the run with a `RewardFailure` naming the
+# reward and its first error, rather than train on zeros. Up to this share, a failed item scores
+# 0 and is counted (`reward/<name>/errors`, `reward/<name>/timeouts`) and the run goes on.
+MAX_REWARD_FAILURE_FRAC = 0.5
 Weights = Callable[[], tuple[Any, int]]  # the newest published (generator params, version)
 
 
 def request_seed(run_seed: int, step: int, round_: int, slot: int) -> int:
     digest = hashlib.sha256(f"{run_seed}/{step}/{round_}/{slot}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+class RewardFailure(ConfigError):
+    """A reward failed on more than `MAX_REWARD_FAILURE_FRAC` of a step's items. A `ConfigError`
+    (a broken or misconfigured reward, not a bug of the run): `launch/run.py` prints it as one
+    line."""
+
+
+@dataclasses.dataclass
+class RewardFailures:
+    """Each reward's failed items over one step's scoring rounds, and its first error."""
+
+    items: int = 0
+    failed: dict[str, int] = dataclasses.field(default_factory=dict)
+    first: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def add(self, scores: RewardBatch) -> None:
+        self.items += len(scores.total)
+        for name, errors in scores.errors.items():
+            self.failed[name] = self.failed.get(name, 0) + errors + scores.timeouts.get(name, 0)
+            if name in scores.first_errors:
+                self.first.setdefault(name, scores.first_errors[name])
+
+    def check(self, step: int) -> None:
+        """Raise `RewardFailure` for the first reward past the threshold."""
+        for name, failed in self.failed.items():
+            if failed > MAX_REWARD_FAILURE_FRAC * self.items:
+                raise RewardFailure(
+                    f"reward {name!r} failed on {failed} of the {self.items} items of step "
+                    f"{step} (more than MAX_REWARD_FAILURE_FRAC={MAX_REWARD_FAILURE_FRAC:g} in "
+                    f"jaxrl/rl/rollout.py); first error: {self.first.get(name, '?')}. The run "
+                    "stops rather than train on zero rewards: fix the reward or the fields it "
+                    "reads (docs/tasks.md)")
 
 
 @dataclasses.dataclass
@@ -129,7 +167,8 @@ class RolloutProducer:
                 self.install(sched, weights)
         return [sorted(by_request[rid], key=lambda c: c.sample_index) for rid in ids]
 
-    def _score(self, records: list[dict], completions: list[list]) -> tuple[list[Group], dict]:
+    def _score(self, records: list[dict], completions: list[list]
+               ) -> tuple[list[Group], RewardBatch]:
         texts, flat_records = [], []
         for record, group in zip(records, completions, strict=True):
             for c in group:
@@ -149,7 +188,7 @@ class RolloutProducer:
                 ))
                 k += 1
             groups.append(Group(example=record, rollouts=rollouts))
-        return groups, scores.metrics()
+        return groups, scores
 
     def _episodes(self, sched: Scheduler, records: list[dict], step: int, round_: int,
                   weights: Weights) -> tuple[list[Group], dict]:
@@ -240,6 +279,7 @@ class RolloutProducer:
         buffer = RolloutBuffer(filter_zero_variance=c.filter_zero_variance)
         fallback: list[Group] = []
         reward_metrics: list[dict] = []
+        failures = RewardFailures()
         all_rewards: list[float] = []
         rounds = 0
         while True:
@@ -255,7 +295,9 @@ class RolloutProducer:
                 groups, metrics = self._episodes(sched, records, step, rounds, weights)
             else:
                 completions = self._generate(sched, records, step, rounds, weights)
-                groups, metrics = self._score(records, completions)
+                groups, scores = self._score(records, completions)
+                failures.add(scores)
+                metrics = scores.metrics()
             reward_metrics.append(metrics)
             for g in groups:
                 all_rewards.extend(g.rewards.tolist())
@@ -266,6 +308,7 @@ class RolloutProducer:
             rounds += 1
             if len(buffer) >= c.prompts_per_step or rounds > c.max_oversample_rounds:
                 break
+        failures.check(step)
         if self.data_states is not None:  # what a checkpoint after training this batch saves
             self.data_states.record(step)
         chosen = buffer.take(c.prompts_per_step)
@@ -346,7 +389,8 @@ def reward_metrics(pool, scorer) -> dict:
         metrics = pool.metrics()
     else:  # this task's rewards run no code: no sandbox jobs
         metrics = {"sandbox/queue_wait_s_p50": 0.0, "sandbox/exec_s_p50": 0.0,
-                   "sandbox/timeouts": 0.0}
+                   "sandbox/timeouts": 0.0, "sandbox/restarts": 0.0,
+                   "sandbox/restart_failures": 0.0}
     metrics.update(scorer.metrics())
     return metrics
 
