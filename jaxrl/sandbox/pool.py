@@ -218,9 +218,13 @@ class PoolStats:
 
 
 def metrics(stats: dict) -> dict[str, float]:
-    """The stable `sandbox/*` metric names (docs/metrics.md) from a `stats()` dict."""
+    """The stable `sandbox/*` metric names (docs/metrics.md) from a `stats()` dict: restarts
+    and restart_failures count since the pool started (a failed restart leaves its slot without
+    a worker until the next job's retry)."""
     return {"sandbox/queue_wait_s_p50": stats["queue_wait_s_p50"],
-            "sandbox/exec_s_p50": stats["exec_s_p50"], "sandbox/timeouts": stats["timeouts"]}
+            "sandbox/exec_s_p50": stats["exec_s_p50"], "sandbox/timeouts": stats["timeouts"],
+            "sandbox/restarts": float(stats.get("restarts", 0)),
+            "sandbox/restart_failures": float(stats.get("restart_failures", 0))}
 
 
 # ----------------------------------------------------------------------------- the pool
@@ -330,6 +334,8 @@ class _Slot:
                 self.zygote = ZygoteProcess(self.pool.plan, self.uid)
                 return
             except Exception as e:  # noqa: BLE001 - next job retries
+                with self.pool._lock:
+                    self.pool.restart_failures += 1
                 log.error("sandbox slot %d: restart %d failed: %s", self.index, attempt, e)
                 time.sleep(0.2 * (attempt + 1))
 
@@ -348,7 +354,7 @@ class LocalSandboxPool:
         self.plan = probe(tier)
         self.tier, self.tier_detail, self.num_workers = self.plan.tier, self.plan.detail, n
         self.uid_base = default_uid_base() if uid_base is None else uid_base
-        self.restarts, self.scratch_retired = 0, 0
+        self.restarts, self.scratch_retired, self.restart_failures = 0, 0, 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._stats = PoolStats(stats_window)
@@ -390,12 +396,12 @@ class LocalSandboxPool:
 
     def stats(self) -> dict:
         """tier, workers, restarts (zygotes replaced, for any reason), scratch_retired (of those,
-        replaced because a job left files the wipe could not remove), jobs, status counts,
-        timeouts, and p50/p99 of queue wait, start latency and execution time (seconds) over the
-        last `stats_window` jobs."""
+        replaced because a job left files the wipe could not remove), restart_failures (attempts
+        to start a replacement that failed), jobs, status counts, timeouts, and p50/p99 of queue
+        wait, start latency and execution time (seconds) over the last `stats_window` jobs."""
         return dict(tier=self.tier, tier_detail=self.tier_detail, workers=self.num_workers,
                     restarts=self.restarts, scratch_retired=self.scratch_retired,
-                    **self._stats.summary())
+                    restart_failures=self.restart_failures, **self._stats.summary())
 
     def metrics(self) -> dict[str, float]:
         return metrics(self.stats())

@@ -158,14 +158,17 @@ class RaySandboxPool:
             self._actors[a] = self._new_actor(self._nodes[a])
 
     def stats(self) -> dict:
-        """Like `LocalSandboxPool.stats()`; `restarts` counts actor and zygote replacements."""
+        """Like `LocalSandboxPool.stats()`; `restarts` counts actor and zygote replacements,
+        `restart_failures` the actors' failed zygote restarts."""
         try:
             inner = self._ray.get([a.stats.remote() for a in self._actors], timeout=30)
             zygote_restarts = sum(s["restarts"] for s in inner)
+            restart_failures = sum(s.get("restart_failures", 0) for s in inner)
         except Exception:  # noqa: BLE001 - an actor being replaced
-            zygote_restarts = 0
+            zygote_restarts = restart_failures = 0
         return dict(tier=self.tier, tier_detail=self.tier_detail, workers=self.num_workers,
-                    restarts=self.restarts + zygote_restarts, **self._stats.summary())
+                    restarts=self.restarts + zygote_restarts, restart_failures=restart_failures,
+                    **self._stats.summary())
 
     def metrics(self) -> dict[str, float]:
         return metrics(self.stats())

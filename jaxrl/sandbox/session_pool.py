@@ -169,6 +169,7 @@ class SessionPool:
         self._waiting: collections.deque[object] = collections.deque()
         self._closed = False
         self.opened, self.restarts, self.open_now = 0, 0, 0
+        self.restart_failures = 0  # slots out of service: their zygote could not restart
         self.endings: collections.Counter = collections.Counter()
         self._stats = PoolStats()
         self._spawner = _Spawner()
@@ -240,6 +241,7 @@ class SessionPool:
                 log.error("sandbox session slot %d could not restart: %s", slot, e)
                 slot = -1
         with self._cond:
+            self.restart_failures += int(retired and slot < 0)
             self.restarts += int(retired)
             self.endings[why] += 1
             self.open_now -= 1
@@ -249,18 +251,20 @@ class SessionPool:
 
     def stats(self) -> dict:
         """session_count (open now), opened, endings (closed / timeout / output_limit / exited /
-        killed), restarts, and call counts and latency percentiles (s)."""
+        killed), restarts, restart_failures, and call counts and latency percentiles (s)."""
         with self._stats._lock:
             lat = [w for _, _, w in self._stats._lat]
         return dict(tier=self.tier, slots=self.num_slots, session_count=self.open_now,
                     opened=self.opened, endings=dict(self.endings), restarts=self.restarts,
+                    restart_failures=self.restart_failures,
                     calls=self._stats.jobs, call_s_p50=_pct(lat, 0.5), call_s_p99=_pct(lat, 0.99),
                     ended_by_limit=sum(self.endings[k] for k in ENDINGS))
 
     def metrics(self) -> dict[str, float]:
         st = self.stats()
         return {"sandbox/session_count": st["session_count"],
-                "sandbox/session_ended_by_limit": st["ended_by_limit"]}
+                "sandbox/session_ended_by_limit": st["ended_by_limit"],
+                "sandbox/session_restart_failures": float(st["restart_failures"])}
 
     def close(self) -> None:
         """Kills every session and zygote; later `open` calls fail."""

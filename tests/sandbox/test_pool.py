@@ -213,6 +213,24 @@ def test_crashed_worker_is_replaced():
         assert pool.stats()["restarts"] == 2 and pool.num_workers == 2
 
 
+def test_failed_restarts_are_counted_in_the_metrics(monkeypatch):
+    # A zygote that dies and cannot be replaced: each of the slot's 3 attempts is counted (it
+    # used to be a log line only), and the job is answered "killed".
+    with LocalSandboxPool(num_workers=1, tier="B") as pool:
+        def no_zygote(*args, **kwargs):
+            raise OSError("fork: Resource temporarily unavailable")
+
+        monkeypatch.setattr(pool_mod, "ZygoteProcess", no_zygote)
+        (slot,) = pool._slots
+        slot.zygote.proc.kill()
+        slot.zygote.proc.wait(5)
+        (r,) = pool.run([SandboxJob(code="print(1)")])
+        assert r.status == "killed" and "could not start" in r.stderr
+        assert pool.stats()["restart_failures"] == 3
+        m = pool.metrics()
+        assert m["sandbox/restarts"] == 1 and m["sandbox/restart_failures"] == 3
+
+
 def test_submit_future_and_order(pool):
     fut = pool.submit(
         [
@@ -236,6 +254,8 @@ def test_stats(pool):
         "sandbox/queue_wait_s_p50",
         "sandbox/exec_s_p50",
         "sandbox/timeouts",
+        "sandbox/restarts",
+        "sandbox/restart_failures",
     }
 
 

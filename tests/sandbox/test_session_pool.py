@@ -127,3 +127,20 @@ def test_concurrent_sessions_are_isolated_and_served_in_order(tier):
         assert order == [0, 1, 2]
         st = pool.stats()
         assert st["session_count"] == 0 and st["opened"] == 5, st
+
+
+def test_a_slot_that_cannot_restart_is_counted_in_the_metrics(monkeypatch):
+    # Its zygote dies mid-call and no new one starts: the slot goes out of service and the row
+    # says so (it used to be a log line only).
+    with _pool("B", 1) as pool:
+        def no_zygote(i):
+            raise OSError("fork: Resource temporarily unavailable")
+
+        monkeypatch.setattr(pool, "_start", no_zygote)
+        with pool.open() as s:
+            pool._zygotes[0].proc.kill()
+            pool._zygotes[0].proc.wait(5)
+            r = s.run("1")
+            assert (r.status, r.closed) == ("killed", True), r
+        assert pool.stats()["restarts"] == 1
+        assert pool.metrics()["sandbox/session_restart_failures"] == 1
