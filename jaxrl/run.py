@@ -39,6 +39,7 @@ from jaxrl.rl.update import Update
 from jaxrl.tokenizers import load_tokenizer
 from jaxrl.trace import TraceWriter
 from jaxrl.train import init
+from jaxrl.train.checkpoint import naming_config_differences
 from jaxrl.train.memory.fit import check_run as check_memory
 
 log = logging.getLogger("jaxrl")
@@ -88,15 +89,17 @@ def _run(cfg: RunConfig, processes: Processes, closers: contextlib.ExitStack, st
                               tracker=tracker)
     rollout.check_data_lasts(cfg, prompts, cfg.pipeline.steps)  # before any work
     data_states = DataStates(prompts, tracker, processes)
-    run_dir = metrics.prepare_run_dir(cfg, resume, leader=processes.leader)
+    recorded = init.recorded_config(cfg, model_cfg)  # config.json: the model trained
+    run_dir = metrics.prepare_run_dir(recorded, resume, leader=processes.leader)
     trace = TraceWriter(process_name="measured")
     if processes.leader:
         closers.callback(lambda: trace.save(run_dir / "trace.json"))
     # 3. the trainer (its state from HF / SFT, or from the latest checkpoint)
     trainer, sft_metrics = init.build_trainer(cfg, meshes.trainer, tokenizer, task, model_cfg,
                                               processes, resume=resume)
-    checkpoints, start_step = open_checkpoints(cfg, run_dir, trainer, data_states, processes,
-                                               closers, resume=resume)
+    with naming_config_differences(recorded, run_dir):  # not "restore the files"
+        checkpoints, start_step = open_checkpoints(cfg, run_dir, trainer, data_states,
+                                                   processes, closers, resume=resume)
     # 4. generator, rewards, producer, evaluator
     generator = build_generator(cfg, model_cfg, meshes.generator, trainer.state.params,
                                 seq_len=seq_len, version=start_step, eos_id=tokenizer.eos_id,
@@ -113,7 +116,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: contextlib.ExitStack, st
                                    enabled=processes.leader, progress=progress,
                                    samples_every=cfg.pipeline.samples_every)
     closers.callback(logger.close)
-    logger.log_config(dataclasses.asdict(cfg))
+    logger.log_config(dataclasses.asdict(recorded))
     evals = do_eval and cfg.data.eval  # run(evaluate=False) or --data.eval=false: none at all
     hooks = [eval_hook(evaluator, every=cfg.data.eval_every, start_done=start_step == 0)]
     update = Update(cfg.pipeline, processes, data_states)

@@ -1,5 +1,8 @@
 """Run an experiment: `python launch/run.py [--config configs/<name>.py] [--a.b=c ...] [--resume]`.
 
+`--resume` continues the run `--name` names with its saved config.json, the flags given now
+applied on top (`jaxrl.config.resume`); `--config` then only locates it and registers its tasks.
+
 `--help` lists every config key with its value and description; `--print-config` prints the
 resolved config. Overrides are `--a.b=c` or `--a.b c`; the config is checked before JAX starts.
 
@@ -32,7 +35,13 @@ def main(argv: list[str]) -> int:
         if args.help:
             print(help_text(load_config(path), args.config or "configs/default.py"))
             return 0
-        cfg = load_config(path, args.overrides)
+        changed = None
+        if args.resume:  # the run's saved config.json, the flags given now on top
+            from jaxrl.config.resume import resume_config
+
+            cfg, changed = resume_config(load_config(path), args.overrides)
+        else:
+            cfg = load_config(path, args.overrides)
     except ConfigError as e:
         print(f"error: {e}\n(python launch/run.py --help lists every key)", file=sys.stderr)
         return 2
@@ -48,6 +57,10 @@ def main(argv: list[str]) -> int:
         from jaxrl.cpu import simulated_device_flags
 
         os.environ["XLA_FLAGS"] = simulated_device_flags()
+    if changed is not None:
+        logging.getLogger("jaxrl").info(
+            "--resume: %s's saved config.json%s", cfg.path,
+            f", with the flags given now: {'; '.join(changed)}" if changed else " as it was")
     from jaxrl import progress
 
     progress.set_enabled(not args.quiet)

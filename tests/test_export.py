@@ -161,6 +161,31 @@ def test_a_run_whose_task_this_process_never_registered_exports_and_samples(run,
     assert "--- prompt 0 sample 0" in capsys.readouterr().out
 
 
+def test_resume_with_other_model_dims_names_the_keys_not_the_files(run, tmp_path):
+    """The checkpoint of a run with hidden_size=32 restored into a hidden_size=48 trainer:
+    orbax's "tree structures do not match" becomes an error naming the differing config keys
+    (before: "does not load ... restore the files")."""
+    import shutil
+
+    from jaxrl.config import ConfigError
+    from jaxrl.train.checkpoint import NoUsableCheckpoint, naming_config_differences
+
+    run_dir = tmp_path / "r"
+    shutil.copytree(run["dir"], run_dir)
+    cfg = dataclasses.replace(run["cfg"], model=dataclasses.replace(
+        run["cfg"].model, hidden_size=48, intermediate_size=96))
+    trainer = Trainer(cfg.model, cfg.train, make_meshes(cfg.mesh).trainer)
+    ckpt = Checkpointer(run_dir / "checkpoints", every=1, keep=3)
+    with pytest.raises(ConfigError) as e:
+        with naming_config_differences(cfg, run_dir):  # as jaxrl/run.py opens them
+            ckpt.restore_newest(trainer.abstract_state)
+    ckpt.close()
+    assert not isinstance(e.value, NoUsableCheckpoint)
+    assert "model.hidden_size: 32 -> 48; model.intermediate_size: 64 -> 96" in str(e.value)
+    assert "restore the files" not in str(e.value)
+    assert (run_dir / "checkpoints" / "3").is_dir()  # nothing moved aside
+
+
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
     """A LoRA run directory as `jaxrl.run` leaves it: the adapters (B non-zero) and their

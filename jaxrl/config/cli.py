@@ -26,7 +26,8 @@ from jaxrl.config.overrides import _strip_optional, to_dict
 
 FLAGS = {
     "--config": "experiment file, or a shipped config by name (arith); default configs/default.py",
-    "--resume": "continue the run's latest checkpoint",
+    "--resume": "continue run --name from its latest checkpoint, with its saved config.json "
+                "(flags given now apply on top)",
     "--quiet": "no progress display",
     "--print-config": "print the resolved config (after overrides) as JSON and exit",
     "--help": "this text: the flags, then every config key with its value and description",

@@ -18,6 +18,7 @@ policy as a Hugging Face directory.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import shutil
@@ -31,6 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxrl.config import ConfigError
+from jaxrl.config.resume import restore_error
 from jaxrl.train import checkpoint_integrity as integrity
 from jaxrl.train.state import TrainState
 
@@ -39,6 +41,15 @@ log = logging.getLogger("jaxrl")
 
 class CheckpointError(ConfigError):
     """No checkpoint of a run can be restored; the message says why for each."""
+
+
+class NoUsableCheckpoint(CheckpointError):
+    """`restore_newest` found no checkpoint that is complete and loads (`skipped`: each step
+    and why); nothing was changed."""
+
+    def __init__(self, message: str, skipped: list[tuple[int, str]]):
+        super().__init__(message)
+        self.skipped = skipped
 
 
 class DiskSpaceError(CheckpointError):
@@ -171,9 +182,10 @@ class Checkpointer:
             log.warning("checkpoint step %d skipped: %s", step, reason)
             skipped.append((step, reason))
         found = "; ".join(f"step {s}: {r}" for s, r in skipped) or "none found"
-        raise CheckpointError(
+        raise NoUsableCheckpoint(
             f"no usable checkpoint in {self.directory} ({found}); nothing was changed: restore "
-            f"the files, or start a new run (another --name, or move the run directory aside)")
+            f"the files, or start a new run (another --name, or move the run directory aside)",
+            skipped)
 
     def _set_aside(self, skipped: list[tuple[int, str]]) -> None:
         if not skipped:
@@ -199,6 +211,17 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+@contextlib.contextmanager
+def naming_config_differences(recorded, run_dir: Path):
+    """Inside: no checkpoint of `run_dir` loading into the run built from `recorded` (the config
+    as config.json records it) raises an error naming the keys that differ from the run's saved
+    config, when some decide what a checkpoint holds (`jaxrl.config.resume.restore_error`)."""
+    try:
+        yield
+    except NoUsableCheckpoint as e:
+        raise restore_error(recorded, run_dir, e) from None
 
 
 def export_hf(graphdef, params: dict, model_cfg, path: str | Path) -> None:

@@ -44,6 +44,12 @@ def model_config(cfg: RunConfig, tokenizer):
     return model_cfg
 
 
+def recorded_config(cfg: RunConfig, model_cfg) -> RunConfig:
+    """The config a run records in config.json (and compares on `--resume`): `cfg` with the
+    `model` section it trains (an `--init` model's own shape, not `cfg.model`'s defaults)."""
+    return dataclasses.replace(cfg, model=model_cfg)
+
+
 def initial_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes):
     """Params on the trainer mesh and their metrics: HF weights, or random init plus the cached
     SFT warm start."""
