@@ -15,15 +15,33 @@ demonstration is the record's `completion` field, else its answer.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from jaxrl.config.data import DataConfig
 from jaxrl.data.sources import RecordError, RecordSource
+from jaxrl.rewards import get_reward, reward_names
+
+# the mapped fields and the DataConfig key that names each one's source field
+_FIELD_KEYS = {"answer": "answer_field", "tests": "tests_field"}
 
 
-def field_mapper(cfg: DataConfig):
-    """`fn(record, location) -> record` with `prompt`, `answer`, `tests` set from the fields."""
+def reward_fields(rewards: Iterable[str]) -> dict[str, str]:
+    """{item field: the first reward that cannot score without it} (`register_reward`'s
+    `fields`); a name not registered (yet) is left to the reward spec to report."""
+    needs: dict[str, str] = {}
+    known = set(reward_names())
+    for name in rewards:
+        for field in get_reward(name).fields if name in known else ():
+            needs.setdefault(field, name)
+    return needs
+
+
+def field_mapper(cfg: DataConfig, needs: Mapping[str, str] | None = None):
+    """`fn(record, location) -> record` with `prompt`, `answer`, `tests` set from the fields.
+    `needs` ({field: reward}, `reward_fields`): a mapped record without one of those fields is a
+    `RecordError` naming the setting, the fields the record has and the reward."""
+    needs = dict(needs or {})
 
     def mapped(record: dict, location: str) -> dict:
         out = dict(record)
@@ -44,6 +62,13 @@ def field_mapper(cfg: DataConfig):
             out["answer"] = str(record[cfg.answer_field])
         if cfg.tests_field in record:
             out["tests"] = record[cfg.tests_field]
+        for field, reward in needs.items():
+            if field not in out:
+                key = _FIELD_KEYS.get(field)
+                what = f"data.{key}={getattr(cfg, key)!r}" if key else repr(field)
+                raise RecordError(f"{location}: no field {what} (the record has "
+                                  f"{sorted(record)}), and reward {reward!r} reads it"
+                                  + (f"; set --data.{key} to one of those" if key else ""))
         return out
 
     return mapped

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from jaxrl.config.data import SPLITS, add_task_name
 from jaxrl.data import pysynth
-from jaxrl.data.records import _hf_records, field_mapper, in_memory
+from jaxrl.data.records import _hf_records, field_mapper, in_memory, reward_fields
 from jaxrl.data.sources import GeneratedSource, RecordError, RecordSource, load_records
 from jaxrl.rewards import RewardSpec
 
@@ -317,11 +317,14 @@ def records_task(cfg: DataConfig, *, train: Sequence[Mapping] | None = None,
                  rewards: Mapping[str, float] | None = None):
     """A `Task` over mapped records: from `train` / `eval` lists when given, else from the
     config's files or `datasets` dataset. Without eval records the last `eval_size` train
-    records are held out."""
-    mapper = field_mapper(cfg)
+    records are held out. A record without a field its rewards read (`answer` for
+    `math_answer`) fails when the data loads, naming the field and the fields it has."""
+    weights = dict(rewards) if rewards else {n.strip(): 1.0 for n in cfg.reward.split(",")
+                                             if n.strip()}
 
     @functools.cache
     def splits() -> tuple[RecordSource, RecordSource]:
+        mapper = field_mapper(cfg, reward_fields(weights))  # rewards registered by now
         if train is not None:
             tr = in_memory(train, f"{name}-train", mapper)
             ev = in_memory(eval, f"{name}-eval", mapper) if eval else None
@@ -339,8 +342,6 @@ def records_task(cfg: DataConfig, *, train: Sequence[Mapping] | None = None,
     def demonstration(record, chat: bool) -> str:
         return str(record.get("completion", record.get("answer", "")))
 
-    weights = dict(rewards) if rewards else {n.strip(): 1.0 for n in cfg.reward.split(",")
-                                             if n.strip()}
     return Task(name, lambda split: splits()[SPLITS.index(split)], demonstration,
                 lambda r: r["prompt"], rewards=weights, system_prompt=cfg.system_prompt,
                 eval_size=cfg.eval_size)

@@ -58,6 +58,7 @@ class Reward:
     needs_pool: bool = False
     isolated: bool = True
     check_options: Callable[..., None] | None = None  # raises ValueError on a bad option value
+    fields: tuple[str, ...] = ()  # item fields every item must have (checked when data loads)
 
 
 _REGISTRY: dict[str, Reward] = {}
@@ -71,10 +72,14 @@ def register_reward(
     isolated: bool = True,
     overwrite: bool = False,
     check_options: Callable[..., None] | None = None,
+    fields: Sequence[str] = (),
 ) -> Callable[[RewardFn], RewardFn]:
     """Decorator registering `fn(prompt, completion, **fields) -> float` under `name`.
 
     `check_options(**options)`, if given, validates a `RewardTerm`'s options when the spec is made.
+    `fields`: the item fields the reward cannot score without (e.g. `answer`); a task whose
+    records lack one fails when its data loads (the `records` task: a `RecordError` naming the
+    field and the fields present) instead of scoring 0 on every item.
     """
 
     def deco(fn: RewardFn) -> RewardFn:
@@ -89,7 +94,8 @@ def register_reward(
                     f"picklable, and {getattr(fn, '__qualname__', fn)!r} is not "
                     f"({type(e).__name__}: {str(e)[:200]}); register with isolated=False "
                     "to run it in-process") from None
-        _REGISTRY[name] = Reward(name, fn, batch, needs_pool, isolated, check_options)
+        _REGISTRY[name] = Reward(name, fn, batch, needs_pool, isolated, check_options,
+                                 tuple(fields))
         return fn
 
     return deco
@@ -448,7 +454,8 @@ def default_workers() -> KillableWorkers:
         return _default_workers
 
 
-@register_reward("math_answer", batch=_math_batch, check_options=_math_check_options)
+@register_reward("math_answer", batch=_math_batch, check_options=_math_check_options,
+                 fields=("answer",))
 def math_answer(
     prompt: str,
     completion: str,

@@ -1,5 +1,6 @@
 """The `records` task: any JSONL / Parquet records mapped to prompts by field names."""
 
+import dataclasses
 import json
 
 import pyarrow as pa
@@ -47,6 +48,23 @@ def test_bad_records_and_settings_name_the_fix(tmp_path):
                               prompt_template="{question}")).source("train")
     with pytest.raises(ConfigError, match="reads data.paths .* or data.hf_dataset"):
         RunConfig(data=DataConfig(task="records"))
+
+
+def test_a_misspelled_answer_field_fails_when_the_data_loads(tmp_path):
+    # --data.answer_field=finall --data.reward=math_answer: every item used to score 0 (128
+    # errors a step) and the run exited 0
+    path = _jsonl(tmp_path / "t.jsonl", [{"question": f"{i}+1?", "final": i + 1} for i in range(3)])
+    cfg = DataConfig(task="records", paths=(path,), eval_size=1, prompt_field="question",
+                     answer_field="finall", reward="math_answer")
+    with pytest.raises(RecordError) as info:
+        build_task(cfg).source("train")
+    assert str(info.value) == (
+        f"{path}:1: no field data.answer_field='finall' (the record has ['final', 'question', "
+        "'uid']), and reward 'math_answer' reads it; set --data.answer_field to one of those")
+    # a reward that reads no answer needs no answer field; the right name maps it
+    assert len(build_task(dataclasses.replace(cfg, reward="format")).source("train")) == 2
+    fixed = build_task(dataclasses.replace(cfg, answer_field="final")).source("train")
+    assert [r["answer"] for r in fixed] == ["1", "2"]
 
 
 def test_a_saved_hugging_face_dataset(tmp_path):
