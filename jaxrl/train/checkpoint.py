@@ -12,13 +12,15 @@ while training continues (`wait()` blocks until written). Restore reads each arr
 the sharding of the given abstract state, so a checkpoint written from one trainer-mesh shape
 restores onto another. Each step is sealed with a record of its files' sizes and checksums
 before orbax gives it its final name (`checkpoint_integrity`); `restore_newest` skips a damaged
-step, says why, and moves it aside to `<run>/damaged_checkpoints/`. `export_hf` writes the
-policy as a Hugging Face directory.
+step, says why, and moves it aside to `<run>/damaged_checkpoints/`. A disk that fills during a
+write is one `DiskSpaceError` line (the step, the free space, the last complete checkpoint),
+the partial step removed. `export_hf` writes the policy as a Hugging Face directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import shutil
@@ -56,6 +58,36 @@ class DiskSpaceError(CheckpointError):
     """Too little free space for the checkpoints; nothing was written, earlier ones are kept."""
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(error: BaseException | None) -> bool:
+    """`error`, or an exception it wraps (cause, context, group), is a full disk or quota."""
+    seen = set()
+    stack = [error]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            return True
+        stack += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    return False
+
+
+class _QuietDiskFull(logging.Filter):
+    """Drops orbax's (and asyncio's) logged tracebacks of a full disk: the Checkpointer raises
+    one `DiskSpaceError` line for it instead of hundreds of lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (disk_full(exc) or "No space left on device" in record.getMessage())
+
+
+_QUIET = _QuietDiskFull()
+
+
 def free_bytes(directory: Path) -> int:
     """Free bytes on the filesystem of `directory` (tests replace this probe)."""
     return shutil.disk_usage(directory).free
@@ -75,6 +107,10 @@ class Checkpointer:
         self.every = every
         self._use_async = use_async
         self._sealing: int | None = None  # the step being saved, sealed before its rename
+        self._writing: int | None = None  # the step being written (until a wait saw it done)
+        for name in ("absl", "asyncio"):  # a full disk is one line (_disk_full_error)
+            if _QUIET not in logging.getLogger(name).filters:
+                logging.getLogger(name).addFilter(_QUIET)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             save_interval_steps=max(every, 1),
@@ -109,12 +145,41 @@ class Checkpointer:
         if step in self._manager.all_steps():
             return False
         self.check_space(state)
-        self._manager.wait_until_finished()  # one save in flight: `_seal` knows which
-        self._sealing = step
-        saved = self._manager.save(step, args=self._save_args(state), force=True)
-        if saved and not self._use_async:
-            self._seal()
+        self.wait()  # one save in flight: `_seal` knows which
+        self._sealing = self._writing = step
+        with self._one_line_if_disk_full(finished=False):
+            saved = self._manager.save(step, args=self._save_args(state), force=True)
+            if saved and not self._use_async:
+                self._seal()
         return saved
+
+    @contextlib.contextmanager
+    def _one_line_if_disk_full(self, *, finished: bool = True):
+        """A write that fails on a full disk (here, or in orbax's background thread, seen at
+        the next wait) raises one `DiskSpaceError` naming the step, the free space and the
+        last complete checkpoint; the partial step is removed."""
+        try:
+            yield
+        except Exception as e:
+            if not disk_full(e):
+                raise
+            raise self._disk_full_error(e) from None
+        if finished:
+            self._writing = None
+
+    def _disk_full_error(self, error: BaseException) -> DiskSpaceError:
+        step, self._writing, self._sealing = self._writing, None, None
+        if jax.process_index() == 0:  # the partial step: orbax would skip it; free its space
+            for tmp in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(tmp, ignore_errors=True)
+        complete = sorted(int(p.name) for p in self.directory.iterdir()
+                          if p.name.isdigit() and int(p.name) != step)
+        kept = (f"nothing is lost: the last complete checkpoint is step {complete[-1]}, "
+                "--resume continues from it" if complete else "no earlier checkpoint exists")
+        return DiskSpaceError(
+            f"checkpoint step {step} could not be written: the disk is full ({error}); "
+            f"{free_bytes(self.directory):,} bytes free in {self.directory}; {kept}; free space "
+            "there (or set --run_dir elsewhere)")
 
     def check_space(self, state, copies: int = 2) -> None:
         """Raise `DiskSpaceError` unless the filesystem has room for `copies` checkpoints of
@@ -206,11 +271,14 @@ class Checkpointer:
         self._manager.reload()
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        with self._one_line_if_disk_full():
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
 
 
 @contextlib.contextmanager

@@ -81,6 +81,42 @@ def test_keeps_last_k_and_every_n(run, tmp_path):
     ckpt.close()
 
 
+@pytest.mark.parametrize("where", ["background write", "save call"])
+def test_a_full_disk_is_one_error_line_and_keeps_the_last_checkpoint(run, tmp_path, monkeypatch,
+                                                                     caplog, where):
+    """A disk that fills during a checkpoint write (in orbax's background thread, seen at the
+    next wait, or in the save call itself): one `DiskSpaceError` line naming the step, the free
+    space and the last complete checkpoint, which stays intact; no orbax tracebacks logged
+    (before: the raw OSError and hundreds of lines of them)."""
+    import errno
+
+    from jaxrl.train import checkpoint_integrity as integrity
+    from jaxrl.train.checkpoint import DiskSpaceError
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path))
+
+    state = run["saved"]
+    ckpt = Checkpointer(tmp_path, every=1, keep=3)
+    ckpt.save(state.replace(step=np.int32(1)))
+    ckpt.wait()
+    if where == "background write":
+        monkeypatch.setattr(integrity, "seal", full)  # the last write before the rename
+    else:
+        monkeypatch.setattr(ckpt._manager, "save", full)
+    with pytest.raises(DiskSpaceError) as e:
+        ckpt.save(state.replace(step=np.int32(2)))
+        ckpt.wait()
+    text = str(e.value)
+    assert "\n" not in text, text
+    assert text.startswith("checkpoint step 2 could not be written: the disk is full"), text
+    assert " bytes free in " in text and "the last complete checkpoint is step 1" in text, text
+    ckpt.close()  # no second error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1"]  # the partial step removed
+    assert integrity.problem(tmp_path / "1") is None
+    assert not [r for r in caplog.records if r.exc_info or "No space" in r.getMessage()]
+
+
 def test_export_hf_round_trips(run, model_cfg, train_cfg, mesh, tmp_path):
     from flax import nnx
 
