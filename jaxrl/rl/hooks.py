@@ -17,12 +17,15 @@ stop between the two never loses a row on resume; `open_checkpoints` opens them 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jaxrl.rl.metrics import truncate_metrics
+from jaxrl.rl.metrics import rewind_logs
 from jaxrl.train.checkpoint import Checkpointer
 from jaxrl.train.init import register_lora_base
+
+log = logging.getLogger("jaxrl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,17 +83,27 @@ def eval_hook(evaluator, *, every: int, start_done: bool) -> Hook:
 
 class Checkpoints:
     """The run's checkpoints: every `train.checkpoint_every` steps and at the end; each covers
-    the data iterator's state as of the batches trained (`DataStates`)."""
+    the data iterator's state as of the batches trained (`DataStates`) and the batches the
+    loop made from older weights but has not trained on yet (jaxrl/rl/in_flight.py)."""
 
     def __init__(self, ckpt: Checkpointer, data_states):
         self.ckpt, self.data_states = ckpt, data_states
+        self._in_flight: Callable[[int], list] = lambda steps_done: []
+
+    def follow(self, in_flight: Callable[[int], list]) -> list:
+        """The loop's batches in flight, `in_flight(steps_done) -> [(Produced, version started
+        with)]`, saved with each checkpoint from now on; returns those the restored checkpoint
+        held (empty on a fresh run), which the loop trains on instead of generating them."""
+        self._in_flight = in_flight
+        return self.data_states.take_restored()
 
     def due(self, steps_done: int, end: bool) -> bool:
         return end or (self.ckpt.every > 0 and steps_done % self.ckpt.every == 0)
 
     def save(self, steps_done: int, trainer) -> None:
+        batches = self._in_flight(steps_done)  # waits for any still being made
         self.ckpt.wait()  # the previous checkpoint is complete before the next starts
-        self.data_states.share()
+        self.data_states.share(batches)
         self.ckpt.save(trainer.state, step=steps_done)
 
 
@@ -98,7 +111,8 @@ def open_checkpoints(cfg, run_dir, trainer, data_states, processes, closers, *,
                      resume: bool) -> tuple[Checkpoints, int]:
     """The run's checkpoints and the step to start from: with `resume`, the newest intact
     checkpoint restored into `trainer` (checkpoints are numbered by steps done; later rows of
-    metrics.jsonl dropped); then a check that two checkpoints fit on the disk."""
+    metrics.jsonl, samples.jsonl and TensorBoard dropped); then a check that two checkpoints
+    fit on the disk."""
     ckpt = Checkpointer(run_dir / "checkpoints", every=cfg.train.checkpoint_every,
                         keep=cfg.train.checkpoint_keep)
     closers.callback(ckpt.close)
@@ -108,8 +122,10 @@ def open_checkpoints(cfg, run_dir, trainer, data_states, processes, closers, *,
     if resume:
         start_step, state = ckpt.restore_newest(trainer.abstract_state)  # skips damaged ones
         trainer.replace_state(state)
+        log.info("resumed %s from its checkpoint at step %d (steps %d.. run again)",
+                 run_dir.name, start_step, start_step)
         if processes.leader:
-            truncate_metrics(run_dir, start_step)
+            rewind_logs(run_dir, start_step)
     data_states.reset()
     ckpt.check_space(trainer.state)  # room for two checkpoints, before any step
     return Checkpoints(ckpt, data_states), start_step

@@ -33,6 +33,11 @@ One step, in the trainer thread (`_train_step`), reads as the algorithm:
 
 `call_on_generator(fn)` runs other work that needs the generator (mid-run evaluation) on the
 generator thread between batches, so one engine serves both.
+
+A checkpoint after `n` steps saves the batches the generator began from weights older than
+version `n` (the one the checkpoint holds), waiting for any still being made; a resume trains on
+them as made rather than generating them again (jaxrl/rl/in_flight.py). A stop at a safe point
+finishes them first, so the checkpoint it writes covers them.
 """
 
 from __future__ import annotations
@@ -122,6 +127,7 @@ class Loop:
         self.parts = parts
         self._stop = threading.Event()
         self._ready: dict[int, Produced] = {}
+        self._started: dict[int, int] = {}  # batch -> newest version published when it began
         self._ready_cond = threading.Condition()
         self._error: BaseException | None = None
         self._gen_idle_s = self._gen_busy_s = 0.0
@@ -201,6 +207,8 @@ class Loop:
                 self._wait_for_version(b)
                 waited = time.perf_counter() - t0
                 self._gen_idle_s += waited
+                with self._ready_cond:  # its weights are this version or newer
+                    self._started[b] = self._published.version
                 if waited > 1e-3:
                     self.trace.add("generator", "wait_weights", self.trace.now() - waited, waited)
                 t1 = time.perf_counter()
@@ -236,7 +244,42 @@ class Loop:
                 if self._should_stop(True):
                     raise StopRequested(step)
                 self._ready_cond.wait(self.poll_s)
+            self._started.pop(step, None)
             return self._ready.pop(step)
+
+    def _in_flight(self, steps_done: int) -> list[tuple[Produced, int]]:
+        """The batches from `steps_done` on that the generator began with weights older than
+        version `steps_done`, with that version, in step order (what a checkpoint after
+        `steps_done` steps saves: a resume from it could not make them again); waits for any
+        still being made."""
+        with self._ready_cond:
+            while True:
+                steps = sorted(b for b, v in self._started.items()
+                               if b >= steps_done and v < steps_done)
+                missing = [b for b in steps if b not in self._ready]
+                if not missing:
+                    return [(self._ready[b], self._started[b]) for b in steps]
+                if self._error is not None:
+                    raise self._error
+                if self._stop.is_set():
+                    raise PipelineStopped(f"batches {missing}, begun before step {steps_done}'s "
+                                          "checkpoint, were not finished")
+                self._ready_cond.wait(self.poll_s)
+
+    def _restore_in_flight(self, start_step: int) -> int:
+        """Queue the batches the restored checkpoint held (the generator does not make them);
+        returns the first batch the generator makes."""
+        restored = self.checkpoints.follow(self._in_flight) if self.checkpoints else []
+        steps = [produced.step for produced, _ in restored]
+        if steps != list(range(start_step, start_step + len(steps))):
+            raise RuntimeError(f"the checkpoint at step {start_step} holds batches {steps} in "
+                               f"flight; expected consecutive batches from {start_step}")
+        for produced, started in restored:
+            self._ready[produced.step], self._started[produced.step] = produced, started
+        if steps:
+            log.info("resume: batch(es) %s were made before the checkpoint (from version %d); "
+                     "trained as made, not generated again", steps, restored[0][1])
+        return start_step + len(steps)
 
     def run(self, *, start_step: int, num_steps: int, first_row: dict | None = None,
             should_stop: Callable[[bool], bool] | None = None) -> Parts:
@@ -250,10 +293,11 @@ class Loop:
         abandoned).
         """
         self._should_stop = should_stop or (lambda waiting: False)
+        first_made = self._restore_in_flight(start_step)
         self._published = _Published(None, start_step - 1)
         self._publish(self.parts.trainer.state.params, start_step)
         self._thread = threading.Thread(
-            target=self._generator_loop, args=(start_step, num_steps), name="jaxrl-generator",
+            target=self._generator_loop, args=(first_made, num_steps), name="jaxrl-generator",
             daemon=True,
         )
         self._thread.start()
@@ -264,6 +308,13 @@ class Loop:
                                first=first_row if step == start_step else None)
                 if self._should_stop(False):
                     raise StopRequested(step + 1)
+        except StopRequested as stop:  # the batches in flight finished, for the checkpoint
+            try:
+                if self.checkpoints is not None:
+                    self._in_flight(stop.steps_done)
+            finally:
+                self.stop(timeout_s=10.0, abandon=True)
+            raise
         except BaseException:  # an error or Ctrl-C: a stuck generator is reported, not waited on
             self.stop(timeout_s=10.0, abandon=True)
             raise

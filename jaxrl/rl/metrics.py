@@ -5,19 +5,23 @@ text).
 Metric names are stable (docs/metrics.md defines each). Only process 0 writes (`enabled=False`
 elsewhere). Each row is one unbuffered append of the whole line, so a crash or Ctrl-C loses
 nothing already logged; a write that fails (ENOSPC or any OSError) cuts the file back to its
-last complete line before the error goes on. On resume the file is appended to and steps
-continue from the checkpoint; a rerun without a checkpoint first moves the old logs aside
-(`set_aside_logs`). The progress display
-names each step by the number metrics.jsonl gives it (0-based) and counts steps done beside it.
+last complete line before the error goes on. On resume the logs are rewound to the checkpoint
+(`rewind_logs`: rows and samples of later steps dropped, TensorBoard's events rewritten without
+them and the new event file purging them for a TensorBoard already reading) and steps continue
+from there; a rerun without a checkpoint first moves the old logs aside (`set_aside_logs`). The
+progress display names each step by the number metrics.jsonl gives it (0-based) and counts steps
+done beside it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
 import math
 import os
+import struct
 import sys
 import time
 from pathlib import Path
@@ -96,12 +100,16 @@ class MetricsLogger:
             if tensorboard:
                 from tensorboardX import SummaryWriter
 
-                self._tb = SummaryWriter(str(self.run_dir / "tb"))
+                # resumed: TensorBoard drops any events it read past the rewound rows
+                logged = read_metrics(self.run_dir)
+                self._tb = SummaryWriter(str(self.run_dir / "tb"),
+                                         purge_step=logged[-1]["step"] + 1 if logged else None)
 
     def log_step(self, step: int, metrics: dict[str, Any], samples: list[dict]) -> None:
-        """A step's row and its batch's samples (every `samples_every` steps)."""
+        """A step's row and its batch's samples (every `samples_every` steps, and the last)."""
         self.log(step, metrics)
-        self.log_samples(step, samples, every=self.samples_every)
+        last = step + 1 == self.total_steps and self.samples_every > 0
+        self.log_samples(step, samples, every=1 if last else self.samples_every)
 
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         row = {"step": int(step), "time": time.time()}
@@ -263,12 +271,19 @@ def prepare_run_dir(cfg: RunConfig, resume: bool, *, leader: bool) -> Path:
         return run_dir
     ckpt = run_dir / "checkpoints"
     has_ckpt = ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
-    if has_ckpt and not resume:
+    if has_ckpt and not resume and cfg.name == DEFAULT_NAME and not _multi_process():
+        run_dir = _fresh_name(run_dir)
+        log.warning("%s already has checkpoints (an earlier run); this run is %s. To continue "
+                    "the earlier one instead: --name=%s --resume (resume=True from Python)",
+                    cfg.path, run_dir, cfg.name)
+        cfg = dataclasses.replace(cfg, name=run_dir.name)
+    elif has_ckpt and not resume:
         raise ConfigError(
-            f"run directory {run_dir} already has checkpoints; pass --resume to continue it or "
-            f"choose another --name")
+            f"run directory {run_dir} already has checkpoints; continue it with --resume "
+            f"(resume=True from Python), or choose another name (--name) for a new run")
     if resume and not has_ckpt:
-        raise ConfigError(f"--resume: no checkpoint under {ckpt}")
+        raise ConfigError(f"resume: no checkpoint under {ckpt} to continue from; start the run "
+                          "without --resume (resume=False from Python)")
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         aside = set_aside_logs(run_dir)  # an earlier attempt stopped before its first checkpoint
@@ -279,13 +294,89 @@ def prepare_run_dir(cfg: RunConfig, resume: bool, *, leader: bool) -> Path:
     return run_dir
 
 
-def truncate_metrics(run_dir: Path, from_step: int) -> None:
-    """On resume, drop rows logged after the checkpoint so steps continue without duplicates."""
-    path = run_dir / "metrics.jsonl"
-    if path.exists():
-        rows = [r for r in read_metrics(run_dir) if r.get("step", 0) < from_step]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+DEFAULT_NAME = RunConfig.__dataclass_fields__["name"].default  # "default": the README's run
+
+
+def _multi_process() -> bool:
+    import jax  # started by now (the run's meshes exist)
+
+    return jax.process_count() > 1
+
+
+def _fresh_name(run_dir: Path) -> Path:
+    """`run_dir` with the first suffix -2, -3, ... that names no directory yet."""
+    n = 2
+    while run_dir.with_name(f"{run_dir.name}-{n}").exists():
+        n += 1
+    return run_dir.with_name(f"{run_dir.name}-{n}")
+
+
+def rewind_logs(run_dir: Path, from_step: int) -> None:
+    """On resume from the checkpoint after `from_step` steps: drop what was logged for steps
+    `from_step` on (they run again), so each step is logged once: rows of metrics.jsonl,
+    samples.jsonl and TensorBoard's events."""
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        _rewind_jsonl(run_dir / name, from_step)
+    rewind_tensorboard(run_dir / "tb", from_step)
+
+
+def _rewind_jsonl(path: Path, from_step: int) -> None:
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a torn last line from a crash
+            continue
+        if row.get("step", 0) < from_step:
+            kept.append(json.dumps(row) + "\n")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+
+
+def tfrecords(data: bytes) -> list[bytes]:
+    """The records of a TFRecord file (TensorBoard's event files), a torn last one left out:
+    each is its length (u64), the length's masked CRC (u32), the bytes, their masked CRC."""
+    out, i = [], 0
+    while i + 12 <= len(data):
+        (n,) = struct.unpack("<Q", data[i:i + 8])
+        if i + 16 + n > len(data):
+            break
+        out.append(data[i + 12:i + 12 + n])
+        i += 16 + n
+    return out
+
+
+def rewind_tensorboard(tb_dir: Path, from_step: int) -> None:
+    """Rewrite each event file under `tb_dir` without events of steps `from_step` on, and
+    without the config text (the resumed run logs its own): TensorBoard event files are
+    append-only records, so the kept ones are written to a new file that replaces the old."""
+    if not tb_dir.is_dir():
+        return
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.record_writer import masked_crc32c
+
+    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        records = tfrecords(data)
+        kept = []
+        for record in records:
+            event = Event.FromString(record)
+            is_config = event.HasField("summary") and any(
+                v.tag.startswith("config") for v in event.summary.value)
+            if event.step < from_step and not is_config:
+                kept.append(record)
+        if len(kept) == len(records) and sum(16 + len(r) for r in records) == len(data):
+            continue  # nothing to drop
+        out = bytearray()
+        for record in kept:
+            header = struct.pack("<Q", len(record))
+            out += header + struct.pack("<I", masked_crc32c(header))
+            out += record + struct.pack("<I", masked_crc32c(record))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(bytes(out))
         tmp.replace(path)
 
 
