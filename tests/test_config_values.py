@@ -45,3 +45,18 @@ def test_override_order_does_not_matter_for_checks_across_keys():
     assert cfg.data.task == "records"
     with pytest.raises(ConfigError, match="reads data.paths"):
         apply_overrides(RunConfig(), ["--data.task=records"])
+
+
+def test_group_size_one_warns_naming_the_key():
+    """One sample per group: GRPO-family advantages are all zero; a warning at config time
+    (before: accepted silently)."""
+    import warnings
+
+    from jaxrl.config.base import ConfigWarning
+
+    with pytest.warns(ConfigWarning, match=r"data\.group_size=1: every advantage is zero"):
+        cfg = apply_overrides(RunConfig(), ["--data.group_size=1"])
+    assert cfg.data.group_size == 1  # a warning, not an error
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        apply_overrides(RunConfig(), ["--data.group_size=2"])

@@ -13,7 +13,7 @@ Checks that span sections live in `jaxrl.config.checks` and run when a `RunConfi
 This package imports no JAX, so sandbox workers and tools can read configs cheaply.
 """
 
-from jaxrl.config.base import ConfigError, DTypeName, validate_literals
+from jaxrl.config.base import ConfigError, ConfigWarning, DTypeName, validate_literals
 from jaxrl.config.data import DataConfig, DataConfigError, SFTConfig
 from jaxrl.config.overrides import (
     apply_override,
@@ -43,7 +43,8 @@ from jaxrl.config.sections import (
 from jaxrl.config.train import TrainConfig
 
 __all__ = [
-    "LORA_TARGETS", "PIPELINE_MODES", "Architecture", "AttentionImpl", "ConfigError", "KVLayout",
+    "LORA_TARGETS", "PIPELINE_MODES", "Architecture", "AttentionImpl", "ConfigError",
+    "ConfigWarning", "KVLayout",
     "LoraConfig",
     "DTypeName", "DataConfig", "DataConfigError", "DistConfig",
     "GenerateConfig", "MeshConfig", "ModelConfig", "PipelineConfig", "PipelineMode",

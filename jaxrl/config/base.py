@@ -13,6 +13,11 @@ class ConfigError(ValueError):
     """A config value, key or file is invalid; the message says which and what is allowed."""
 
 
+class ConfigWarning(UserWarning):
+    """A valid config value that almost surely does not do what was meant; the message names
+    the key and what happens."""
+
+
 def check_choice(owner: str, name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         raise ConfigError(

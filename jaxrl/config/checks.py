@@ -11,9 +11,10 @@ import contextlib
 import dataclasses
 import math
 import threading
+import warnings
 from pathlib import Path
 
-from jaxrl.config.base import ConfigError
+from jaxrl.config.base import ConfigError, ConfigWarning
 from jaxrl.config.sections import WINDOWED_ARCHITECTURES
 
 
@@ -80,6 +81,12 @@ def check_run(cfg) -> None:
         raise ConfigError(
             f"train.ref_init={ref!r} with model.lora.rank={cfg.model.lora.rank}: a LoRA run's "
             "reference policy is its frozen base (the adapters at zero); unset train.ref_init")
+    if data.group_size == 1:
+        warnings.warn(
+            f"data.group_size=1: every advantage is zero (train.advantage={train.advantage!r} "
+            "compares the samples of one prompt with each other, and a group of one has nothing "
+            "to compare), so RL learns nothing; use --data.group_size=2 or more (8 is usual)",
+            ConfigWarning, stacklevel=2)
     rollouts = data.prompts_per_step * data.group_size
     if train.micro_batches > rollouts:
         raise ConfigError(
