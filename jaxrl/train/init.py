@@ -56,6 +56,10 @@ def initial_params(cfg: RunConfig, mesh, tokenizer, task, model_cfg, processes):
     # LoRA: this is the base (the trainer draws or loads the adapters)
     model_cfg = dataclasses.replace(model_cfg, lora=type(model_cfg.lora)())
     if cfg.init:
+        if cfg.data.sft.steps:  # the warm start trains jaxrl's seeded init only
+            log.warning("init=%r gives the starting weights: the SFT warm start "
+                        "(data.sft.steps=%d) is skipped; --data.sft.steps=0 starts from it "
+                        "without this note", cfg.init, cfg.data.sft.steps)
         _, model = load_pretrained(resolve(cfg.init, what="init"), mesh=mesh, role="trainer",
                                    dtype=model_cfg.param_dtype)
         return params_from_model(model), {}
