@@ -16,14 +16,19 @@ import json
 import sys
 import time
 
+USAGE = "usage: python launch/sft.py <config.py> [--key=value ...] [--export-hf=DIR]"
+
 
 def main(argv: list[str]) -> None:
+    if any(a in ("-h", "--help") for a in argv):
+        print(f"{USAGE}\n\n{__doc__.strip()}\n\nThe config keys and their values: "
+              "python launch/run.py --config <config.py> --help")
+        return
     export = [a for a in argv if a.startswith("--export-hf=")]
     argv = [a for a in argv if not a.startswith("--export-hf=")]
     export_dir = export[-1].split("=", 1)[1] if export else None
     if not argv or argv[0].startswith("--"):
-        raise SystemExit("usage: python launch/sft.py <config.py> [--key=value ...] "
-                         "[--export-hf=DIR]")
+        raise SystemExit(f"{USAGE}\n(--help says more)")
     from jaxrl.config import ConfigError, load_config  # no JAX: bad input is answered first
 
     try:

@@ -174,3 +174,13 @@ def test_an_unsupported_architecture_is_an_error_line_and_writes_no_run(tmp_path
     assert f"error: init='{model}': unsupported architecture ['GPT2LMHeadModel']" in out.stderr
     assert "MistralForCausalLM" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_sft_launcher_help_exits_0_with_usage():
+    """`launch/sft.py --help` printed the usage as an error and exited 1."""
+    for flag in ("--help", "-h"):
+        out = subprocess.run([sys.executable, str(ROOT / "launch" / "sft.py"), flag],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("usage: python launch/sft.py <config.py>")
+        assert "--export-hf=DIR" in out.stdout and "launch/run.py --config" in out.stdout
