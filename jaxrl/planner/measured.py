@@ -120,11 +120,13 @@ def measured_rates(rates: Mapping[str, Any], *, trainer_chips: int | None = None
 
 def from_measured(rates: Mapping[str, Any] | MeasuredRates, *, total_chips: int | None = None,
                   granularity: int = 1, modes: Sequence[str] | None = None,
-                  sandbox_utilization: float = 0.8, **overrides: Any) -> Recommendation:
+                  sandbox_utilization: float = 0.8, cpu_cores: int | None = None,
+                  **overrides: Any) -> Recommendation:
     """The split (and mode) of `total_chips` (default: the run's) that maximises consumed
     samples/s, given one run's measured metrics; `gain` is relative to the measured run.
 
     `overrides` (trainer_chips, generator_chips, batch_size, mode) replace metric values.
+    `cpu_cores` (default: this machine's) is what the sandbox note compares its need with.
     """
     m = rates if isinstance(rates, MeasuredRates) else measured_rates(rates, **overrides)
     total = total_chips or m.trainer_chips + m.generator_chips
@@ -147,13 +149,33 @@ def from_measured(rates: Mapping[str, Any] | MeasuredRates, *, total_chips: int 
     if m.weight_sync_s is not None:
         notes.append(f"weight sync: {m.weight_sync_s:.3g} s per step (inside the trainer rate)")
     if m.sandbox_exec_s:
-        cores = rec.best.rates.consumed_per_s * m.sandbox_exec_s / sandbox_utilization
-        notes.append(f"sandbox: {math.ceil(cores)} CPU cores keep up with the recommended split "
-                     f"({m.sandbox_exec_s:.3g} s per sample at {sandbox_utilization:.0%} busy)")
+        notes.append(_sandbox_note(rec.best.rates.consumed_per_s * m.sandbox_exec_s
+                                   / sandbox_utilization, m.sandbox_exec_s, sandbox_utilization,
+                                   _cores() if cpu_cores is None else cpu_cores))
     if m.batch_size is None:
         notes.append(f"no {BATCH} (or pipeline/trainer_busy_s) recorded: only mode {m.mode!r} "
                      f"compared")
     return dataclasses.replace(rec, notes=tuple(notes))
+
+
+def _cores() -> int:
+    """The CPU cores this process may use."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _sandbox_note(cores: float, exec_s: float, utilization: float, have: int) -> str:
+    """The CPU cores the rewards need at the recommended split, against the `have` there are
+    (a note never claims more cores than the machine has)."""
+    need = math.ceil(cores)
+    why = f"({exec_s:.3g} s per sample at {utilization:.0%} busy)"
+    if need <= have:
+        return (f"sandbox: {need} CPU cores keep up with the recommended split {why}; this "
+                f"machine has {have}")
+    return (f"sandbox: {need} CPU cores would keep up with the recommended split {why}, but this "
+            f"machine has {have}: the rewards limit the rate there (run the sandbox pool on more "
+            "cores, e.g. --rewards.backend=ray)")
 
 
 def read_run(run_dir: str | os.PathLike[str], *, warmup: int | None = None) -> dict[str, Any]:

@@ -199,6 +199,23 @@ def test_from_measured_synthetic_run(tmp_path):
     assert int(note.split()[1]) == math.ceil(rec.best.rates.consumed_per_s * 12.0 / 0.8)
 
 
+def test_sandbox_note_claims_no_more_cores_than_the_machine_has(tmp_path):
+    """The note said "3 CPU cores keep up" on a 2-core machine."""
+    _write_metrics(tmp_path / "run", synthetic_rows())
+    metrics = read_run(tmp_path / "run")
+    rec = from_measured(metrics, granularity=8, cpu_cores=2)
+    need = math.ceil(rec.best.rates.consumed_per_s * 12.0 / 0.8)
+    assert need > 2
+    note = next(n for n in rec.notes if n.startswith("sandbox"))
+    assert note.startswith(f"sandbox: {need} CPU cores would keep up with the recommended split")
+    assert "but this machine has 2: the rewards limit the rate" in note
+    assert f"{need} CPU cores keep up" not in note
+    rec = from_measured(metrics, granularity=8, cpu_cores=need)
+    note = next(n for n in rec.notes if n.startswith("sandbox"))
+    assert note.startswith(f"sandbox: {need} CPU cores keep up") and note.endswith(
+        f"this machine has {need}")
+
+
 def test_from_measured_missing_keys_are_named(tmp_path):
     with pytest.raises(ValueError, match="pipeline/trainer_chips"):
         from_measured({"pipeline/rollouts_per_s_produced": 1.0,
