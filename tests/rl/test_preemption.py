@@ -1,9 +1,12 @@
-"""A signal during the RL steps stops the run at the next safe point with a checkpoint at the last
-finished step, within `preemption_grace_s` (SIGTERM used to keep only the last periodic
-checkpoint, so up to `train.checkpoint_every - 1` steps were redone; before that it killed the
-process with rc -15 mid-write). The end-to-end test also holds what test_sigterm.py checked:
-exit 143 with the line saying to --resume, nothing of the run left running, every metrics row
-once after the resume (a row written between two checkpoints used to be lost)."""
+"""Runs that stop and resume: SIGKILL (the newest checkpoint survives) and SIGTERM / SIGINT (a
+checkpoint at the last finished step within `preemption_grace_s`), then `--resume` continues
+exactly as the uninterrupted run did, in `periodic` mode (the default), full-parameter and LoRA.
+
+One reference run is shared by the SIGKILL and SIGTERM victims (each with its own
+checkpoint_every; the results do not depend on it). The SIGTERM test also holds what
+test_sigterm.py checked: exit 143 with the line saying to --resume, nothing of the run left
+running, every metrics row once after the resume (a row written between two checkpoints used to
+be lost). The other modes' resume is shown at the loop (test_resume_in_flight.py)."""
 
 import os
 import re
@@ -14,8 +17,10 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fake_loop import batch, fake_loop
+from run_helpers import has_sealed_checkpoint
 
 from jaxrl.rl.metrics import read_metrics
 from jaxrl.rl.stopping import Stopping, Terminated
@@ -47,27 +52,88 @@ def config():
 """
 
 
-def _launch(tmp_path, name, *extra):
-    config = tmp_path / "slow_config.py"
+def _launch(root, name, *extra):
+    config = root / "slow_config.py"
     config.write_text(CONFIG.format(helpers=str(Path(__file__).parent)))
     env = dict(os.environ, JAXRL_CPU_DEVICES="2", PYTHONPATH=str(ROOT))
     env.pop("XLA_FLAGS", None)
     return subprocess.Popen(
         [sys.executable, str(ROOT / "launch" / "run.py"), "--quiet", "--config", str(config),
-         f"--run_dir={tmp_path / 'runs'}", f"--name={name}",
-         f"--data.sft.cache_dir={tmp_path / 'cache'}", "--pipeline.steps=8",
-         "--train.checkpoint_every=5", *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+         f"--run_dir={root / 'runs'}", f"--name={name}",
+         f"--data.sft.cache_dir={root / 'cache'}", "--pipeline.mode=periodic", *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=root,
         start_new_session=True)
 
 
-@pytest.mark.slow
-def test_sigterm_mid_step_checkpoints_the_last_finished_step_and_resumes_exactly(tmp_path):
-    ref = _launch(tmp_path, "ref")
+STEPS = ["--pipeline.steps=8"]  # periodic (the default mode), as every run of this module
+KEYS = ("data/prompts_consumed", "reward/mean", "loss/total", "train/grad_norm")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run every victim of this module is compared with (its own
+    checkpoint_every: a result must not depend on it)."""
+    root = tmp_path_factory.mktemp("preemption")
+    ref = _launch(root, "ref", *STEPS, "--train.checkpoint_every=4")
     out, _ = ref.communicate(timeout=600)
     assert ref.returncode == 0, out[-3000:]
-    victim = _launch(tmp_path, "victim")
-    metrics = tmp_path / "runs" / "victim" / "metrics.jsonl"
+    return root
+
+
+def _final_params(run_dir):
+    import jax
+    import orbax.checkpoint as ocp
+
+    step = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    raw = ocp.StandardCheckpointer().restore(run_dir / "checkpoints" / str(step) / "state")
+    return [np.asarray(x) for x in jax.tree.leaves(raw["params"])]
+
+
+def _assert_continues_exactly(run_dir, ref_dir, steps):
+    rows, ref_rows = read_metrics(run_dir), read_metrics(ref_dir)
+    assert [r["step"] for r in rows] == list(range(steps))  # each step once, continuing
+    assert [r["step"] for r in ref_rows] == list(range(steps))
+    for key in KEYS:
+        assert [r[key] for r in rows] == [r[key] for r in ref_rows], key
+    for x, y in zip(_final_params(run_dir), _final_params(ref_dir), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def _kill_after(victim, run_dir, rows):
+    """SIGKILL once `rows` rows are logged and a checkpoint is on disk."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 600
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= rows
+               and has_sealed_checkpoint(run_dir)):
+        if victim.poll() is not None or time.time() > deadline:
+            pytest.fail("the run ended before it could be killed:\n"
+                        + victim.communicate()[0][-3000:])
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_continues_exactly(reference):
+    """Periodic mode, killed after step 4 or later with the checkpoint after 3 steps on disk:
+    the resumed run trains on the batch in flight at its checkpoint as the victim made it (from
+    the version before) and matches the uninterrupted run in every row and parameter (that
+    batch used to be generated again from the checkpoint's version: other rewards, issue 47)."""
+    victim = _launch(reference, "killed", *STEPS, "--train.checkpoint_every=3")
+    _kill_after(victim, reference / "runs" / "killed", rows=5)
+    resumed = _launch(reference, "killed", *STEPS, "--train.checkpoint_every=3", "--resume")
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out[-3000:]
+    found = re.search(r"resumed killed from its checkpoint at step (\d+)", out)
+    assert found and int(found.group(1)) in (3, 6), out[-3000:]
+    assert "trained as made, not generated again" in out
+    _assert_continues_exactly(reference / "runs" / "killed", reference / "runs" / "ref", 8)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_step_checkpoints_the_last_finished_step_and_resumes_exactly(reference):
+    victim = _launch(reference, "victim", *STEPS, "--train.checkpoint_every=5")
+    metrics = reference / "runs" / "victim" / "metrics.jsonl"
     deadline = time.time() + 600
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
         if victim.poll() is not None or time.time() > deadline:
@@ -85,17 +151,31 @@ def test_sigterm_mid_step_checkpoints_the_last_finished_step_and_resumes_exactly
     time.sleep(1)
     left = subprocess.run(["pgrep", "-s", str(victim.pid)], capture_output=True, text=True)
     assert not left.stdout.strip(), f"processes of the run outlived it: {left.stdout}"
-    run_dir = tmp_path / "runs" / "victim"
+    run_dir = reference / "runs" / "victim"
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(step))  # every row, whole
     assert 2 <= step < 8 and step != 5, "not a periodic checkpoint"
     assert (run_dir / "checkpoints" / str(step) / "jaxrl_integrity.json").is_file()
-    resumed = _launch(tmp_path, "victim", "--resume")
+    resumed = _launch(reference, "victim", *STEPS, "--train.checkpoint_every=5", "--resume")
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out[-3000:]
-    rows, ref_rows = read_metrics(run_dir), read_metrics(tmp_path / "runs" / "ref")
-    assert [r["step"] for r in rows] == list(range(8))
-    for key in ("data/prompts_consumed", "reward/mean", "loss/total"):
-        assert [r[key] for r in rows] == [r[key] for r in ref_rows], key
+    assert "trained as made, not generated again" in out  # the stop finished the batch
+    _assert_continues_exactly(run_dir, reference / "runs" / "ref", 8)
+
+
+@pytest.mark.slow
+def test_lora_sigkill_then_resume_continues_exactly(tmp_path):
+    """LoRA: the checkpoint holds adapters and their optimiser state, the base is rebuilt; its
+    own reference (the module's is full-parameter)."""
+    args = ["--pipeline.steps=6", "--train.checkpoint_every=2", "--model.lora.rank=4"]
+    ref = _launch(tmp_path, "ref", *args)
+    out, _ = ref.communicate(timeout=600)
+    assert ref.returncode == 0, out[-3000:]
+    victim = _launch(tmp_path, "victim", *args)
+    _kill_after(victim, tmp_path / "runs" / "victim", rows=4)
+    resumed = _launch(tmp_path, "victim", *args, "--resume")
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out[-3000:]
+    _assert_continues_exactly(tmp_path / "runs" / "victim", tmp_path / "runs" / "ref", 6)
 
 
 def _pipeline(stopping, produce_s):

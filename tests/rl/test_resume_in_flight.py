@@ -143,3 +143,31 @@ def test_a_checkpoint_holds_only_batches_begun_from_older_weights():
         held = json.loads(saved[4][1])["in_flight"]
         assert [r["step"] for r in held] == expect
         assert json.loads(saved[4][1])["data"] == {"n": 4 + len(expect)}
+
+
+def test_a_batch_in_flight_comes_back_bit_for_bit_through_json():
+    from jaxrl.rl import in_flight
+
+    routing = np.arange(2 * 5 * 2, dtype=np.int32).reshape(2, 5, 2) - 1
+    rollout = Rollout(prompt=[7, 8], completion=[9, 10, 11],
+                      logprobs=list(np.float32([-0.1, -1 / 3, -7.25])), versions=[4, 4, 5],
+                      finish_reason="length", reward=0.75, mask=[1, 0, 1], routing=routing)
+    produced = Produced(step=5, groups=[Group({"uid": "a", "n": np.int64(3)}, [rollout], 0.5)],
+                        num_rollouts=1, num_tokens=5, busy_s=0.25, min_version=4,
+                        metrics={"reward/mean": 0.75, "gen/x": float("nan")},
+                        samples=[{"prompt": "p", "completion": "c", "reward": 0.75}])
+    text = json.dumps(in_flight.encode(produced, 4))
+    back, started = in_flight.decode(json.loads(text))
+    assert started == 4
+    (group,) = back.groups
+    assert group.example == {"uid": "a", "n": 3} and group.weight == 0.5
+    (r,) = group.rollouts
+    assert (r.prompt, r.completion, r.versions, r.mask) == ([7, 8], [9, 10, 11], [4, 4, 5],
+                                                            [1, 0, 1])
+    assert np.float32(r.logprobs).tobytes() == np.float32([-0.1, -1 / 3, -7.25]).tobytes()
+    assert (r.finish_reason, r.reward) == ("length", 0.75)
+    np.testing.assert_array_equal(r.routing, routing)
+    assert r.routing.dtype == np.int32
+    assert (back.step, back.num_rollouts, back.num_tokens, back.min_version) == (5, 1, 5, 4)
+    assert back.metrics["reward/mean"] == 0.75 and np.isnan(back.metrics["gen/x"])
+    assert back.samples == produced.samples
