@@ -171,8 +171,9 @@ def _sandbox_note(cores: float, exec_s: float, utilization: float, have: int) ->
     need = math.ceil(cores)
     why = f"({exec_s:.3g} s per sample at {utilization:.0%} busy)"
     if need <= have:
-        return (f"sandbox: {need} CPU cores keep up with the recommended split {why}; this "
-                f"machine has {have}")
+        cores_keep = "1 CPU core keeps" if need == 1 else f"{need} CPU cores keep"
+        return (f"sandbox: {cores_keep} up with the recommended split {why}; this machine has "
+                f"{have}")
     return (f"sandbox: {need} CPU cores would keep up with the recommended split {why}, but this "
             f"machine has {have}: the rewards limit the rate there (run the sandbox pool on more "
             "cores, e.g. --rewards.backend=ray)")
