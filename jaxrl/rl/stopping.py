@@ -4,10 +4,12 @@ SIGTERM (a cloud preemption notice: the platform kills the machine some seconds 
 SIGINT (Ctrl-C) are handled alike; only the exit code differs (143, 130):
 
   - while the RL steps run (`deferred()`), the first signal asks for a stop at the next safe
-    point: the end of the step being trained, or at once while the trainer waits for a batch
-    (that batch, not trained on, is abandoned: its prompts are drawn again on resume). There
-    the run writes a checkpoint at the last finished step if `preemption_grace_s` has time
-    left, then unwinds as Ctrl-C does (threads, sandboxes, checkpointer closed);
+    point: the end of the step being trained, or at once while the trainer waits for a batch.
+    The loop finishes the batches the generator began from older weights (the lead; the
+    checkpoint saves them, jaxrl/rl/in_flight.py); one begun from the newest weights (`sync`)
+    is abandoned and drawn again on resume, with the same result. There the run writes a
+    checkpoint at the last finished step if `preemption_grace_s` has time left, then unwinds
+    as Ctrl-C does (threads, sandboxes, checkpointer closed);
   - no safe point within the grace period (a step or an evaluation that does not end): the stop
     goes on without a checkpoint, keeping the last one written;
   - outside the steps (start-up, SFT, the first evaluation) or with `preemption_grace_s=0`, the
