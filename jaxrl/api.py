@@ -19,6 +19,11 @@ stopping the run; a hang cannot be timed out there: rewards that execute model-w
 belong in the sandbox pool, e.g. the built-in `code_tests`, named in `builtin_rewards`).
 Without `eval_dataset` the last `config.data.eval_size` records are held out. Returns
 `jaxrl.run.RunResult`.
+
+`resume=True` continues `run_dir/name` from its newest checkpoint with the config given here
+(the same records give the same task name); a config whose model differs from the run's saved
+config.json is refused naming the keys. The run directory exports and samples like any other
+(`launch/export.py`, `python -m jaxrl.generate`): neither needs the task this call registered.
 """
 
 from __future__ import annotations
