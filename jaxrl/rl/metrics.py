@@ -106,10 +106,11 @@ class MetricsLogger:
                                          purge_step=logged[-1]["step"] + 1 if logged else None)
 
     def log_step(self, step: int, metrics: dict[str, Any], samples: list[dict]) -> None:
-        """A step's row and its batch's samples (every `samples_every` steps, and the last)."""
+        """A step's row and its batch's samples: every `samples_every` steps, or, in a run
+        shorter than that, at its last step."""
         self.log(step, metrics)
-        last = step + 1 == self.total_steps and self.samples_every > 0
-        self.log_samples(step, samples, every=1 if last else self.samples_every)
+        short = 0 < self.total_steps < self.samples_every and step + 1 == self.total_steps
+        self.log_samples(step, samples, every=1 if short else self.samples_every)
 
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         row = {"step": int(step), "time": time.time()}

@@ -154,15 +154,16 @@ def test_resume_rewinds_samples_and_tensorboard_like_metrics(tmp_path):
     assert len(configs) == 1
 
 
-def test_a_run_shorter_than_samples_every_writes_its_last_step_samples(tmp_path):
+@pytest.mark.parametrize("every, steps", [(10, [2]), (2, [1]), (1, [0, 1, 2])])
+def test_a_run_shorter_than_samples_every_writes_its_last_step_samples(tmp_path, every, steps):
     logger = MetricsLogger(tmp_path, total_steps=3, tensorboard=False, progress=False,
-                           samples_every=10)
+                           samples_every=every)
     for step in range(3):
         logger.log_step(step, {"reward/mean": 0.5}, [{"prompt": "p", "completion": "c",
                                                       "reward": 0.5}])
     logger.close()
     lines = (tmp_path / "samples.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [2]
+    assert [json.loads(line)["step"] for line in lines] == steps
 
 
 @pytest.mark.parametrize("how", ["error mid-write", "short write, then full"])
