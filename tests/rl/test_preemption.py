@@ -27,8 +27,10 @@ from jaxrl.rl.stopping import Stopping, Terminated
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The tiny run, its steps slowed by an in-process reward that sleeps and scores 0 (so a signal
-# lands mid-step): ~0.3 s a step.
+# The tiny run, its steps slowed by an in-process reward that sleeps (so a signal lands mid-step,
+# ~0.3 s a step) and scores each completion by its characters: rewards vary within a group, so
+# the policy learns every step and a batch made from another version has other rewards (the
+# task's own reward is 0 for the tiny model: with it alone, nothing would differ).
 CONFIG = """
 import dataclasses, sys, time
 from pathlib import Path
@@ -40,14 +42,14 @@ def config():
     from jaxrl.data import tasks
     from jaxrl.rewards.rewards import register_reward
 
-    @register_reward("test_slow_zero", overwrite=True, isolated=False)
-    def slow_zero(prompt, completion, **fields):
+    @register_reward("test_slow_varied", overwrite=True, isolated=False)
+    def slow_varied(prompt, completion, **fields):
         time.sleep(0.02)
-        return 0.0
+        return (sum(map(ord, completion)) % 5) / 4
 
     real = tasks.build_task
     tasks.build_task = lambda cfg: dataclasses.replace(
-        real(cfg), rewards={{**real(cfg).rewards, "test_slow_zero": 0.5}})
+        real(cfg), rewards={{**real(cfg).rewards, "test_slow_varied": 0.5}})
     return tiny_run_config(Path("."), name="slow")
 """
 
@@ -91,6 +93,7 @@ def _final_params(run_dir):
 
 def _assert_continues_exactly(run_dir, ref_dir, steps):
     rows, ref_rows = read_metrics(run_dir), read_metrics(ref_dir)
+    assert all(r["train/grad_norm"] > 0 for r in ref_rows)  # it learns: versions differ
     assert [r["step"] for r in rows] == list(range(steps))  # each step once, continuing
     assert [r["step"] for r in ref_rows] == list(range(steps))
     for key in KEYS:
