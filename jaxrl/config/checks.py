@@ -15,7 +15,6 @@ import warnings
 from pathlib import Path
 
 from jaxrl.config.base import ConfigError, ConfigWarning
-from jaxrl.config.sections import WINDOWED_ARCHITECTURES
 
 
 def check_finite(obj, prefix: str = "") -> None:
@@ -146,8 +145,6 @@ def check_model_lengths(cfg, model_cfg, max_prompt: int = 1) -> None:
     """Prompt plus response (and the SFT rows) fit the model's positions."""
     limit = model_cfg.max_position_embeddings
     limit_name = "max_position_embeddings"
-    if model_cfg.architecture in WINDOWED_ARCHITECTURES:  # docs/models.md
-        limit_name += " (at most the checkpoint's sliding_window)"
     need = max_prompt + cfg.data.max_new_tokens
     if need > limit:
         raise ConfigError(

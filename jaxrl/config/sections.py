@@ -22,11 +22,12 @@ from jaxrl.dtypes import canonical_dtype
 from jaxrl.rounding import kv_cache_len
 
 AttentionImpl = Literal["xla", "pallas", "cudnn", "auto"]
-Architecture = Literal["llama", "mistral", "mixtral", "olmo2", "phi3", "qwen2", "qwen3",
-                       "qwen3_moe"]
+Architecture = Literal["gemma2", "gemma3", "llama", "mistral", "mixtral", "olmo2", "olmo3",
+                       "phi3", "qwen2", "qwen3", "qwen3_moe"]
 MOE_ARCHITECTURES = ("mixtral", "qwen3_moe")
-# checkpoints that may carry a sliding window, which caps max_position_embeddings (models/hf.py)
-WINDOWED_ARCHITECTURES = ("mistral", "mixtral", "phi3")
+# Gemma 2 / 3: (1 + w) RMSNorm, embeddings scaled by sqrt(hidden), sandwich norms, GeGLU
+GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
+LAYER_TYPES = ("full_attention", "sliding_attention")  # HF's names in layer_types
 KVLayout = Literal["contiguous", "paged"]
 # the generator's copy of the weights: as synced, weight-only int8, or int8 weights and per-token
 # int8 activations (jaxrl.models.quant)
@@ -132,9 +133,19 @@ class ModelConfig:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     router_aux_loss_coef: float = 0.0
+    # sliding-window attention (HF's definition: a query at position p sees keys in
+    # (p - sliding_window, p]) in the layers layer_types names "sliding_attention"; empty
+    # layer_types with a window: every layer slides (Mistral)
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    attn_logit_softcap: float | None = None  # Gemma 2: scores = cap * tanh(scores / cap)
+    final_logit_softcap: float | None = None  # Gemma 2: logits = cap * tanh(logits / cap)
+    query_pre_attn_scalar: float | None = None  # Gemma: scores scaled by its -1/2 (None: head)
+    rope_local_theta: float | None = None  # Gemma 3: sliding layers' rope base (None: same)
 
     def __post_init__(self):
         object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
         for name in ("dtype", "param_dtype"):  # jnp.bfloat16, np.float32, "bfloat16", ...
             object.__setattr__(self, name,
                                canonical_dtype(getattr(self, name), f"model.{name}", ConfigError))
@@ -162,7 +173,31 @@ class ModelConfig:
         if self.qk_norm_full and not self.qk_norm:
             raise ConfigError("model.qk_norm_full=True normalises q and k over all heads, which "
                               "needs model.qk_norm=True")
+        self._check_window()
         self._check_moe()
+
+    def _check_window(self) -> None:
+        check_positive("model", sliding_window=self.sliding_window,
+                       attn_logit_softcap=self.attn_logit_softcap,
+                       final_logit_softcap=self.final_logit_softcap,
+                       query_pre_attn_scalar=self.query_pre_attn_scalar,
+                       rope_local_theta=self.rope_local_theta)
+        bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+        if bad or len(self.layer_types) not in (0, self.num_layers):
+            raise ConfigError(
+                f"model.layer_types must be empty or one of {list(LAYER_TYPES)} per layer "
+                f"({self.num_layers}), got {list(self.layer_types)}")
+        if "sliding_attention" in self.layer_types and self.sliding_window is None:
+            raise ConfigError("model.layer_types names sliding_attention layers but "
+                              "model.sliding_window is None; set the window")
+
+    def layer_window(self, i: int) -> int | None:
+        """Layer `i`'s sliding window, or None for full causal attention."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types and self.layer_types[i] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     def _check_moe(self) -> None:
         moe = self.architecture in MOE_ARCHITECTURES
@@ -224,7 +259,8 @@ class ModelConfig:
             attn += 2 * d
         if self.o_bias:
             attn += e
-        total = self.num_layers * (attn + 2 * e) + e
+        norms = 4 if self.architecture in GEMMA_ARCHITECTURES else 2  # sandwich norms
+        total = self.num_layers * (attn + norms * e) + e
         experts = self.experts_per_token if active else self.num_experts
         for i in range(self.num_layers):
             if self.is_sparse_layer(i):

@@ -7,6 +7,14 @@ Two call shapes cover everything the model does:
 * `cached_attention(q, k_cache, v_cache, q_positions, kv_lengths)` — queries at known positions
   attending to a KV cache whose rows hold `kv_lengths` valid entries (decode, chunked prefill).
 
+Options every path takes (Gemma 2 / 3, Mistral, OLMo 3): `window` -- sliding-window attention
+with Hugging Face's definition (`transformers.masking_utils.sliding_window_overlay`): a query at
+position p sees the keys at positions k with p - window < k <= p, i.e. its own and the
+window - 1 before it (a real mask: the positions run on past the window); `softcap` -- scores
+become `softcap * tanh(scores / softcap)` before the mask (Gemma 2); `scale` -- the score scale
+(default D**-0.5; Gemma: `query_pre_attn_scalar**-0.5`). The Pallas kernels take none of these
+yet: a windowed or soft-capped call under `pallas` runs the XLA path.
+
 `impl` is one of `xla | pallas | cudnn | auto`. `auto` resolves to Pallas kernels on TPU/GPU and
 to the XLA reference on CPU. Shapes: q `[B, T, Hq, D]`, k/v `[B, S, Hkv, D]`, Hq % Hkv == 0; a
 heads-major KV cache (`heads_major=True`) holds keys `[B, Hkv, D, S]` and values `[B, Hkv, S, D]`
@@ -64,31 +72,49 @@ def _masked_softmax_bwd(res, g):
 masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
 
 
-def masked_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale):
-    """Reference attention with grouped-query heads and an explicit boolean mask (f32 softmax)."""
+def soft_cap(x, cap: float | None):
+    """`cap * tanh(x / cap)` (Gemma 2's logit soft-capping), or `x` when `cap` is None."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+def window_mask(q_pos, k_pos, window: int | None):
+    """Keys a query may see under a sliding `window` (None: all): `k_pos > q_pos - window`;
+    with causality (`k_pos <= q_pos`) the `window` positions ending at the query's own."""
+    return True if window is None else k_pos > q_pos - window
+
+
+def masked_attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, scale, softcap: float | None = None):
+    """Reference attention with grouped-query heads and an explicit boolean mask (f32 softmax);
+    `softcap`: scores soft-capped before the mask."""
     b, t, hq, d = q_BTHD.shape
     hkv = k_BSKD.shape[2]
     q_BTKGD = q_BTHD.reshape(b, t, hkv, hq // hkv, d)
-    scores_BKGTS = jnp.einsum(
+    scores_BKGTS = soft_cap(jnp.einsum(
         "btkgd,bskd->bkgts", q_BTKGD, k_BSKD, preferred_element_type=jnp.float32
-    ) * scale
+    ) * scale, softcap)
     probs_BKGTS = masked_softmax(scores_BKGTS, mask_BTS[:, None, None, :, :])
     probs_BKGTS = probs_BKGTS.astype(v_BSKD.dtype)
     out_BTKGD = jnp.einsum("bkgts,bskd->btkgd", probs_BKGTS, v_BSKD)
     return out_BTKGD.reshape(b, t, hq, d)
 
 
-def attention(q_BTHD, k_BSKD, v_BSKD, *, segment_ids_BT=None, impl: str = "xla"):
-    """Causal self-attention within segments; segment id 0 marks padding (attends to padding)."""
+def attention(q_BTHD, k_BSKD, v_BSKD, *, segment_ids_BT=None, impl: str = "xla",
+              window: int | None = None, softcap: float | None = None,
+              scale: float | None = None):
+    """Causal self-attention within segments; segment id 0 marks padding (attends to padding).
+    `window`, `softcap`, `scale`: see the module docstring (the window counts in sequence
+    index, which within a segment is position)."""
     impl = resolve_impl(impl)
-    scale = q_BTHD.shape[-1] ** -0.5
-    if impl == "pallas":
+    scale = q_BTHD.shape[-1] ** -0.5 if scale is None else scale
+    plain = window is None and softcap is None
+    if impl == "pallas" and plain:
         return _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale)
-    if impl == "cudnn" and segment_ids_BT is None:
+    if impl == "cudnn" and segment_ids_BT is None and plain:
         return jax.nn.dot_product_attention(
             q_BTHD, k_BSKD, v_BSKD, is_causal=True, scale=scale, implementation="cudnn"
         )
-    return _blocked_causal_attention(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale)
+    return _blocked_causal_attention(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale, window,
+                                     softcap)
 
 
 def kernel_shard_axes(batch: int, num_kv_heads: int):
@@ -164,13 +190,15 @@ def query_blocks(t: int, *, min_block: int = 64, max_blocks: int = 16) -> list[t
     return [(i, min(i + size, t)) for i in range(0, t, size)]
 
 
-def _blocked_causal_attention(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale):
+def _blocked_causal_attention(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale, window=None,
+                              softcap=None):
     """Exact causal attention, one query block at a time against only the keys at or before it.
 
     Queries in rows [i, e) never see keys >= e, so each block attends to `k[:, :e]`: about half
     the score FLOPs and memory of the full T x T product, and blocks of scores that stay in cache
     (on a 2-core CPU, T=512, 8 heads: ~3x faster forward + backward than the full masked product).
-    Each block's softmax is exact (its key range is complete), so no online rescaling is needed."""
+    Each block's softmax is exact (its key range is complete), so no online rescaling is needed.
+    With a `window` a block's keys start at `i - window + 1`: the ones before are all masked."""
     b, t = q_BTHD.shape[:2]
     if k_BSKD.shape[1] != t:
         raise ValueError(
@@ -180,17 +208,20 @@ def _blocked_causal_attention(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale):
     seg_BT = segment_ids_BT if segment_ids_BT is not None else jnp.ones((b, t), jnp.int32)
     outs = []
     for i, e in query_blocks(t):
-        causal_TS = jnp.arange(i, e)[:, None] >= jnp.arange(e)[None, :]
-        mask_BTS = causal_TS[None] & (seg_BT[:, i:e, None] == seg_BT[:, None, :e])
-        outs.append(
-            masked_attention(q_BTHD[:, i:e], k_BSKD[:, :e], v_BSKD[:, :e], mask_BTS, scale)
-        )
+        s0 = 0 if window is None else max(0, i - window + 1)
+        q_T, k_S = jnp.arange(i, e)[:, None], jnp.arange(s0, e)[None, :]
+        causal_TS = (q_T >= k_S) & window_mask(q_T, k_S, window)
+        mask_BTS = causal_TS[None] & (seg_BT[:, i:e, None] == seg_BT[:, None, s0:e])
+        outs.append(masked_attention(q_BTHD[:, i:e], k_BSKD[:, s0:e], v_BSKD[:, s0:e], mask_BTS,
+                                     scale, softcap))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
 def cached_attention(q_BTHD, k_cache, v_cache, q_positions_BT, kv_lengths_B, *,
-                     impl: str = "xla", heads_major: bool = False):
-    """Queries at `q_positions` attend to cache entries `< kv_lengths` and `<=` their position.
+                     impl: str = "xla", heads_major: bool = False, window: int | None = None,
+                     softcap: float | None = None, scale: float | None = None):
+    """Queries at `q_positions` attend to cache entries `< kv_lengths` and `<=` their position
+    (and, with a `window`, `> position - window`: the whole cache is kept, the window masks it).
 
     The cache is `[B, S, K, D]` keys and values, or with `heads_major` keys `[B, K, D, S]` and
     values `[B, K, S, D]`: each the right-hand side of its product in `[batch, contracted,
@@ -198,27 +229,28 @@ def cached_attention(q_BTHD, k_cache, v_cache, q_positions_BT, kv_lengths_B, *,
     cache is transposed (copied whole) for them at every decode step (docs/design.md).
     """
     impl = resolve_impl(impl)
-    scale = q_BTHD.shape[-1] ** -0.5
-    if impl == "pallas" and q_BTHD.shape[1] == 1:
+    scale = q_BTHD.shape[-1] ** -0.5 if scale is None else scale
+    plain = window is None and softcap is None and scale == q_BTHD.shape[-1] ** -0.5
+    if impl == "pallas" and q_BTHD.shape[1] == 1 and plain:
         if heads_major:  # the kernel reads [B, S, K, D]; engines pick that layout for it
             k_cache, v_cache = k_cache.transpose(0, 3, 1, 2), v_cache.transpose(0, 2, 1, 3)
         # The kernel's softmax scale is D**-0.5, as here; it reads only the valid prefix.
         return _pallas_decode(q_BTHD[:, 0], k_cache, v_cache, kv_lengths_B)[:, None]
     s = k_cache.shape[-1] if heads_major else k_cache.shape[1]
-    kpos_S = jnp.arange(s)
-    mask_BTS = (kpos_S[None, None, :] <= q_positions_BT[:, :, None]) & (
+    kpos_S, qpos_BT1 = jnp.arange(s), q_positions_BT[:, :, None]
+    mask_BTS = (kpos_S[None, None, :] <= qpos_BT1) & (
         kpos_S[None, None, :] < kv_lengths_B[:, None, None]
-    )
+    ) & window_mask(qpos_BT1, kpos_S[None, None, :], window)
     if not heads_major:
-        return masked_attention(q_BTHD, k_cache, v_cache, mask_BTS, scale)
+        return masked_attention(q_BTHD, k_cache, v_cache, mask_BTS, scale, softcap)
     # Query rows M = (G, T) per kv head, as one [B, K, M, D] operand: written as a 5-D einsum,
     # XLA:CPU makes the cache the dot's left side and leaves the fast dot library.
     b, t, hq, d = q_BTHD.shape
     hkv = k_cache.shape[1]
     g = hq // hkv
     q_BKMD = q_BTHD.reshape(b, t, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
-    scores_BKMS = jnp.einsum("bkmd,bkds->bkms", q_BKMD, k_cache,
-                             preferred_element_type=jnp.float32) * scale
+    scores_BKMS = soft_cap(jnp.einsum("bkmd,bkds->bkms", q_BKMD, k_cache,
+                                      preferred_element_type=jnp.float32) * scale, softcap)
     probs_BKGTS = masked_softmax(scores_BKMS.reshape(b, hkv, g, t, s),
                                  mask_BTS[:, None, None, :, :])
     probs_BKMS = probs_BKGTS.reshape(b, hkv, g * t, s).astype(v_cache.dtype)

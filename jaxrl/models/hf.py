@@ -1,9 +1,11 @@
 """Hugging Face checkpoints: read and write local `config.json` + `*.safetensors` directories.
 
-Supports `LlamaForCausalLM`, `MistralForCausalLM` (a sliding window caps the positions: see
-`config_from_hf`), `Olmo2ForCausalLM` (post-norm layers), `Phi3ForCausalLM` (fused on disk:
-`jaxrl/models/hf_fused.py`), `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, and the mixtures of experts
-`Qwen3MoeForCausalLM` and `MixtralForCausalLM` (their experts: `jaxrl/models/hf_moe.py`).
+Supports `Gemma2ForCausalLM` and `Gemma3ForCausalLM` (text only; sandwich norms, soft-capping,
+sliding and global layers: `jaxrl/models/hf_window.py`), `LlamaForCausalLM`, `MistralForCausalLM`
+(a sliding window, masked), `Olmo2ForCausalLM` (post-norm layers), `Olmo3ForCausalLM` (OLMo 2's
+layers, sliding and global), `Phi3ForCausalLM` (fused on disk: `jaxrl/models/hf_fused.py`),
+`Qwen2ForCausalLM`, `Qwen3ForCausalLM`, and the mixtures of experts `Qwen3MoeForCausalLM` and
+`MixtralForCausalLM` (their experts: `jaxrl/models/hf_moe.py`).
 Tensors are read one at a time from memory-mapped safetensors files (bf16 included, via
 ml_dtypes), converted to jaxrl's layout, and — when a mesh is given — placed straight onto
 their shards. LoRA adapters travel in PEFT's format (`load_pretrained(..., adapter=DIR)`,
@@ -25,9 +27,9 @@ from flax.traverse_util import flatten_dict
 from jax.sharding import Mesh
 
 from jaxrl.config import ConfigError, ModelConfig, RopeScaling
-from jaxrl.config.sections import WINDOWED_ARCHITECTURES
+from jaxrl.config.sections import GEMMA_ARCHITECTURES
 from jaxrl.dtypes import canonical_dtype
-from jaxrl.models import hf_fused, hf_moe, lora
+from jaxrl.models import hf_fused, hf_moe, hf_window, lora
 from jaxrl.models.model import abstract_model
 from jaxrl.models.peft_io import (
     adapter_map,
@@ -39,16 +41,20 @@ from jaxrl.models.transformer import Transformer
 from jaxrl.sharding import Role, state_shardings
 
 ARCHITECTURES = {
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "MixtralForCausalLM": "mixtral",
     "Olmo2ForCausalLM": "olmo2",
+    "Olmo3ForCausalLM": "olmo3",
     "Phi3ForCausalLM": "phi3",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
 }
-_MODEL_TYPES = {a: a for a in ARCHITECTURES.values()}  # HF's model_type of each
+_MODEL_TYPES = {**{a: a for a in ARCHITECTURES.values()}, "gemma3": "gemma3_text"}  # HF's
+_WINDOWED = ("gemma2", "gemma3", "mistral", "mixtral", "olmo3", "phi3")  # may carry a window
 def _checkpoint_tensors(path: Path) -> dict[str, np.ndarray]:
     index = path / "model.safetensors.index.json"
     if index.exists():
@@ -78,9 +84,7 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
         raise CheckpointError("mlp_bias=true is not supported")
     if hf.get("use_sliding_window"):
         raise CheckpointError("use_sliding_window=true is not supported")
-    rope = dict(hf.get("rope_parameters") or {})
-    legacy = hf.get("rope_scaling") or {}
-    rope = {**legacy, **rope}
+    window_fields, rope = hf_window.config_fields(arch, hf, windowed=arch in _WINDOWED)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     scaling = None
     if rope_type == "llama3":
@@ -92,17 +96,12 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
     elif rope_type not in ("default", None):
         raise CheckpointError(f"unsupported rope_type {rope_type!r}; supported: default, llama3")
     heads = hf["num_attention_heads"]
-    max_positions = int(hf.get("max_position_embeddings", 2048))
     if arch == "phi3":
         partial = (hf.get("rope_parameters") or {}).get(
             "partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
         if float(partial) != 1.0:
             raise CheckpointError(f"partial_rotary_factor={partial} (rotary embedding on part "
                                   "of each head) is not supported; supported: 1.0")
-    if arch in WINDOWED_ARCHITECTURES and hf.get("sliding_window"):
-        # Within its window a sliding-window layer attends to every earlier token, as full
-        # causal attention does: sequences up to the window are exact, so that is the limit.
-        max_positions = min(max_positions, int(hf["sliding_window"]))
     fields = dict(
         architecture=arch,
         vocab_size=hf["vocab_size"],
@@ -112,17 +111,18 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads") or heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        rope_theta=float(rope["rope_theta"]),
         rope_scaling=scaling,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=max_positions,
+        max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)),
         o_bias=arch == "llama" and bool(hf.get("attention_bias", False)),
-        qk_norm=arch in ("qwen3", "qwen3_moe", "olmo2"),
-        qk_norm_full=arch == "olmo2",
-        post_norm=arch == "olmo2",
+        qk_norm=arch in ("qwen3", "qwen3_moe", "olmo2", "olmo3"),
+        qk_norm_full=arch in ("olmo2", "olmo3"),
+        post_norm=arch in ("olmo2", "olmo3"),
     )
+    fields.update(window_fields)
     if arch == "qwen3_moe":
         fields.update(hf_moe.config_fields(hf))
     if arch == "mixtral":
@@ -159,10 +159,16 @@ def config_to_hf(cfg: ModelConfig, dtype: Any = "float32") -> dict:
             raise CheckpointError("a Llama checkpoint needs qkv_bias == o_bias (attention_bias)")
         out["attention_bias"] = cfg.qkv_bias
         out["mlp_bias"] = False
-    if cfg.architecture in WINDOWED_ARCHITECTURES:
+    if cfg.architecture in GEMMA_ARCHITECTURES:
+        out["hidden_act"] = "gelu_pytorch_tanh"
+    if cfg.architecture in _WINDOWED:
+        out.update(hf_window.config_to_hf(cfg))
+    elif cfg.sliding_window is not None:
+        raise CheckpointError(f"a {arch} checkpoint has no sliding window; sliding_window="
+                              f"{cfg.sliding_window} needs one of {list(_WINDOWED)}")
+    if cfg.architecture in ("mistral", "mixtral", "phi3"):
         if cfg.qkv_bias or cfg.o_bias or cfg.qk_norm:
             raise CheckpointError(f"a {arch} checkpoint has no attention biases or q/k norms")
-        out["sliding_window"] = None  # full attention over max_position_embeddings (the window)
         if cfg.architecture == "phi3":  # else Phi3Config's default (32000), maybe past the vocab
             out["pad_token_id"] = None
     if cfg.num_experts:
@@ -203,10 +209,13 @@ def _tensor_map(cfg: ModelConfig) -> dict[tuple, tuple[str, Convert, Convert]]:
         m[("lm_head",)] = ("lm_head.weight", *transpose)
     for i in range(cfg.num_layers):
         p, a = f"model.layers.{i}.", ("layers", i)
-        if cfg.post_norm:  # OLMo 2
+        gemma = cfg.architecture in GEMMA_ARCHITECTURES  # sandwich norms
+        if cfg.post_norm or gemma:  # OLMo 2 / 3, Gemma
             m[a + ("post_mlp_norm", "weight")] = (p + "post_feedforward_layernorm.weight", *same)
-        else:
+        if not cfg.post_norm:
             m[a + ("input_norm", "weight")] = (p + "input_layernorm.weight", *same)
+        if gemma:
+            m[a + ("pre_mlp_norm", "weight")] = (p + "pre_feedforward_layernorm.weight", *same)
         m[a + ("post_attn_norm", "weight")] = (p + "post_attention_layernorm.weight", *same)
         for name, n in (("q", h), ("k", k), ("v", k)):
             m[a + ("attn", f"{name}_proj")] = (p + f"self_attn.{name}_proj.weight", *proj_in(n))

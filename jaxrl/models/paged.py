@@ -70,22 +70,26 @@ def write_pages(pages_NSKD, new_BTKD, page_table_BP, positions_BT):
 
 
 def paged_attention(q_BTHD, k_pages, v_pages, page_table_BP, q_positions_BT, kv_lengths_B, *,
-                    impl: str = "xla"):
+                    impl: str = "xla", window: int | None = None, softcap: float | None = None,
+                    scale: float | None = None):
     """Queries at `q_positions` attend to each row's first `kv_lengths` entries (causally).
 
     One query per row with impl "pallas" (or "auto" on TPU/GPU) runs
     `jaxrl_kernels.paged_decode_attention`, which reads only the pages holding valid tokens (on CPU
     it runs in Pallas' interpreter, as `cached_attention`'s kernels do). Anything else (XLA / cuDNN
     settings, or T > 1 queries such as chunked prefill) gathers the pages into a contiguous view
-    and uses the XLA `cached_attention`.
+    and uses the XLA `cached_attention`, as does a `window`, `softcap` or non-default `scale`
+    (`jaxrl.models.attention`), which the kernel does not take yet.
     """
-    if resolve_impl(impl) == "pallas" and q_BTHD.shape[1] == 1:
+    plain = window is None and softcap is None and scale in (None, q_BTHD.shape[-1] ** -0.5)
+    if resolve_impl(impl) == "pallas" and q_BTHD.shape[1] == 1 and plain:
         # The kernel's softmax scale is D**-0.5, as in cached_attention.
         return _pallas_paged_decode(q_BTHD[:, 0], k_pages, v_pages, kv_lengths_B,
                                     page_table_BP)[:, None]
     k_BSKD = gather_pages(k_pages, page_table_BP)
     v_BSKD = gather_pages(v_pages, page_table_BP)
-    return cached_attention(q_BTHD, k_BSKD, v_BSKD, q_positions_BT, kv_lengths_B, impl="xla")
+    return cached_attention(q_BTHD, k_BSKD, v_BSKD, q_positions_BT, kv_lengths_B, impl="xla",
+                            window=window, softcap=softcap, scale=scale)
 
 
 def _pallas_paged_decode(q_BHD, k_pages, v_pages, kv_lengths_B, page_table_BP):
@@ -156,15 +160,16 @@ class PagedKVCache:
         return self.page_table_BP.shape[1] * self.page_size
 
     def write_and_attend(self, layer: int, q_BTHD, k_BTKD, v_BTKD, positions_BT, kv_lengths_B,
-                         impl: str):
+                         impl: str, **options):
         """Write one layer's new entries at `positions_BT` through the page table, then attend.
 
-        Returns `(out_BTHD, (k_pages, v_pages))` (see `KVCache.write_and_attend`).
+        Returns `(out_BTHD, (k_pages, v_pages))` (see `KVCache.write_and_attend`; `options`:
+        the layer's `window`, `softcap` and `scale`).
         """
         k_pages = write_pages(self.k_pages[layer], k_BTKD, self.page_table_BP, positions_BT)
         v_pages = write_pages(self.v_pages[layer], v_BTKD, self.page_table_BP, positions_BT)
         out_BTHD = paged_attention(q_BTHD, k_pages, v_pages, self.page_table_BP, positions_BT,
-                                   kv_lengths_B, impl=impl)
+                                   kv_lengths_B, impl=impl, **options)
         return out_BTHD, (k_pages, v_pages)
 
     def with_layers(self, layers: list, lengths_B) -> PagedKVCache:

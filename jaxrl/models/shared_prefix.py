@@ -17,40 +17,57 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl.models.attention import attention, masked_attention, query_blocks
+from jaxrl.models.attention import attention, masked_attention, query_blocks, window_mask
 from jaxrl.models.remat import recompute_in_backward
-from jaxrl.models.transformer import Transformer, rope_tables
+from jaxrl.models.transformer import Transformer, layer_rope, rope_tables
 
 
 def prefix_attention(q_BSHD, k_BSKD, v_BSKD, k_GPKD, v_GPKD, segment_ids_BS, prefix_mask_GP,
-                     group_B):
+                     group_B, *, positions_BS=None, prefix_positions_GP=None,
+                     window: int | None = None, softcap: float | None = None,
+                     scale: float | None = None):
     """Row b's suffix queries attend to its group's valid prefix keys (`prefix_mask_GP`, group
     `group_B[b]`), then causally to its own suffix keys within its segment (segment 0: padding,
-    which attends to padding only). Exact softmax per query block, as in causal attention."""
-    scale = q_BSHD.shape[-1] ** -0.5
+    which attends to padding only). Exact softmax per query block, as in causal attention.
+
+    With a sliding `window` (`jaxrl.models.attention`) a query at position p sees only keys at
+    positions > p - window: `positions_BS` and `prefix_positions_GP` place them."""
+    scale = q_BSHD.shape[-1] ** -0.5 if scale is None else scale
     kp_BPKD, vp_BPKD = k_GPKD[group_B], v_GPKD[group_B]
     seg_BS = segment_ids_BS
     prefix_BP = prefix_mask_GP[group_B]
+    if window is not None:
+        if positions_BS is None or prefix_positions_GP is None:
+            raise ValueError("prefix_attention: a window needs positions_BS and "
+                             "prefix_positions_GP")
+        pp_BP = prefix_positions_GP[group_B]
     outs = []
     for i, e in query_blocks(q_BSHD.shape[1]):
         seen_BTP = prefix_BP[:, None, :] & (seg_BS[:, i:e, None] > 0)
         causal_TS = jnp.arange(i, e)[:, None] >= jnp.arange(e)[None, :]
         own_BTS = causal_TS[None] & (seg_BS[:, i:e, None] == seg_BS[:, None, :e])
+        if window is not None:
+            q_BT1 = positions_BS[:, i:e, None]
+            seen_BTP = seen_BTP & window_mask(q_BT1, pp_BP[:, None, :], window)
+            own_BTS = own_BTS & window_mask(q_BT1, positions_BS[:, None, :e], window)
         keys = jnp.concatenate([kp_BPKD, k_BSKD[:, :e]], axis=1)
         values = jnp.concatenate([vp_BPKD, v_BSKD[:, :e]], axis=1)
         mask = jnp.concatenate([seen_BTP, own_BTS], axis=-1)
-        outs.append(masked_attention(q_BSHD[:, i:e], keys, values, mask, scale))
+        outs.append(masked_attention(q_BSHD[:, i:e], keys, values, mask, scale, softcap))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
-def _layer(layer, xp_GPE, xs_BSE, rope_p, rope_s, seg_p_GP, seg_s_BS, prefix_mask_GP, group_B):
+def _layer(layer, xp_GPE, xs_BSE, rope_p, rope_s, seg_p_GP, seg_s_BS, prefix_mask_GP, group_B,
+           pos_p_GP, pos_s_BS):
     """One decoder layer over the prefixes and the suffixes: `(xp, xs)`."""
     attn = layer.attn
     hp, hs = layer.attn_in(xp_GPE), layer.attn_in(xs_BSE)
-    qp, kp, vp = attn._qkv(hp, rope_p)
-    qs, ks, vs = attn._qkv(hs, rope_s)
-    out_p = attention(qp, kp, vp, segment_ids_BT=seg_p_GP, impl=attn.cfg.attention_impl)
-    out_s = prefix_attention(qs, ks, vs, kp, vp, seg_s_BS, prefix_mask_GP, group_B)
+    qp, kp, vp = attn._qkv(hp, layer_rope(rope_p, attn.window))
+    qs, ks, vs = attn._qkv(hs, layer_rope(rope_s, attn.window))
+    out_p = attention(qp, kp, vp, segment_ids_BT=seg_p_GP, impl=attn.cfg.attention_impl,
+                      **attn.options)
+    out_s = prefix_attention(qs, ks, vs, kp, vp, seg_s_BS, prefix_mask_GP, group_B,
+                             positions_BS=pos_s_BS, prefix_positions_GP=pos_p_GP, **attn.options)
     xp_GPE = xp_GPE + layer.attn_out(attn._out(out_p, hp.dtype))
     xs_BSE = xs_BSE + layer.attn_out(attn._out(out_s, hs.dtype))
     return layer._mlp(xp_GPE, None)[0], layer._mlp(xs_BSE, None)[0]
@@ -73,7 +90,8 @@ def shared_prefix_hidden(model: Transformer, prefix_tokens_GP, prefix_positions_
     rope_p = rope_tables(cfg, prefix_positions_GP)
     rope_s = rope_tables(cfg, positions_BS)
     xp, xs = model._embed(prefix_tokens_GP), model._embed(tokens_BS)
-    fixed = (rope_p, rope_s, seg_p_GP, segment_ids_BS, prefix_mask_GP, group_B)
+    fixed = (rope_p, rope_s, seg_p_GP, segment_ids_BS, prefix_mask_GP, group_B,
+             prefix_positions_GP, positions_BS)
     for layer in model.layers:
         if cfg.remat:
             xp, xs = _remat_layer(layer, xp, xs, *fixed)

@@ -1,9 +1,14 @@
-"""A decoder-only transformer for the Llama / Qwen2 / Qwen3 families and Qwen3-MoE, in Flax NNX.
+"""A decoder-only transformer for the Llama / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 families and
+Qwen3-MoE, in Flax NNX.
 
 RMSNorm, rotary embeddings (theta, optional Llama-3 frequency scaling), grouped-query attention,
 SwiGLU MLP, optional QKV bias (Qwen2), optional per-head q/k RMSNorm (Qwen3), tied or untied
-embeddings; the sparse layers of a mixture of experts use `jaxrl.models.moe.MoE`. Every
-parameter carries `logical_axes` metadata; `jaxrl.sharding` maps them to a mesh.
+embeddings; the sparse layers of a mixture of experts use `jaxrl.models.moe.MoE`. Sliding-window
+layers (`ModelConfig.layer_window`: Mistral, OLMo 3, Gemma) mask their attention to the window.
+Gemma 2 / 3 (`GEMMA_ARCHITECTURES`): embeddings scaled by sqrt(E), RMSNorm by (1 + w), sandwich
+norms around both sublayers, GeGLU (tanh GELU), scores scaled by `query_pre_attn_scalar**-0.5`,
+attention and final logits soft-capped (Gemma 2), a separate rope base for the sliding layers
+(Gemma 3). Every parameter carries `logical_axes` metadata; `jaxrl.sharding` maps them to a mesh.
 
 Shape suffixes: B batch, T query length, S key length, E embed, H query heads, K kv heads,
 D head dim, F mlp, V vocab, L layers.
@@ -20,13 +25,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl.config import ModelConfig
+from jaxrl.config.sections import GEMMA_ARCHITECTURES
 from jaxrl.models import lora, quant
-from jaxrl.models.attention import attention, cached_attention, resolve_impl
+from jaxrl.models.attention import attention, soft_cap
+from jaxrl.models.kv_cache import DTYPES, KVCache
 from jaxrl.models.moe import MoE
 from jaxrl.models.remat import remat_call
 from jaxrl.models.swiglu import swiglu
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+__all__ = ["DTYPES", "KVCache", "Transformer", "rope_tables"]
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, std: float | None = None, ones=False):
@@ -41,28 +48,32 @@ def _param(rngs: nnx.Rngs, shape, axes, dtype, std: float | None = None, ones=Fa
 
 class RMSNorm(nnx.Module):
     """RMSNorm over the last axis, or over the last two when `dim` is a pair (OLMo 2's q/k norm
-    over all heads of a projection together: `dim=(heads, head_dim)`)."""
+    over all heads of a projection together: `dim=(heads, head_dim)`). `offset` (Gemma): the
+    scale is `1 + weight`, the weight starting at 0."""
 
     def __init__(self, dim: int | tuple[int, int], eps: float, axis_name: str | tuple,
-                 param_dtype, rngs: nnx.Rngs):
+                 param_dtype, rngs: nnx.Rngs, offset: bool = False):
         shape, axes = (dim, axis_name) if isinstance(dim, tuple) else ((dim,), (axis_name,))
-        self.weight = _param(rngs, shape, axes, param_dtype, ones=True)
+        self.weight = _param(rngs, shape, axes, param_dtype, ones=not offset)
         self.eps = eps
+        self.offset = offset
 
     def __call__(self, x):
-        w = self.weight[...].astype(jnp.float32)
+        w = self.weight[...].astype(jnp.float32) + (1.0 if self.offset else 0.0)
         x32 = x.astype(jnp.float32)
         mean_sq = jnp.mean(x32 * x32, axis=tuple(range(-w.ndim, 0)), keepdims=True)
         w = w.reshape((1,) * (x.ndim - w.ndim) + w.shape)
         return (x32 * jax.lax.rsqrt(mean_sq + self.eps) * w).astype(x.dtype)
 
 
-def rope_frequencies(cfg: ModelConfig):
-    """Inverse frequencies `[D/2]`, with Llama-3 scaling when configured."""
+def rope_frequencies(cfg: ModelConfig, theta: float | None = None):
+    """Inverse frequencies `[D/2]` for base `theta` (default `cfg.rope_theta`), with Llama-3
+    scaling when configured (not for a separate local base)."""
     d = cfg.head_size
-    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    base = cfg.rope_theta if theta is None else theta
+    inv_freq = 1.0 / (base ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
     rs = cfg.rope_scaling
-    if rs is None:
+    if rs is None or theta is not None:
         return inv_freq
     # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, the band between
     # interpolated linearly in 1/wavelength.
@@ -80,9 +91,25 @@ def rope_frequencies(cfg: ModelConfig):
 
 def rope_tables(cfg: ModelConfig, positions_BT):
     """`(cos, sin)`, each `[B, T, 1, D/2]` f32: the rotation of every position, computed once per
-    forward and shared by every layer's q and k."""
-    angles_BTF = positions_BT[..., None].astype(jnp.float32) * rope_frequencies(cfg)[None, None]
-    return jnp.cos(angles_BTF)[:, :, None, :], jnp.sin(angles_BTF)[:, :, None, :]
+    forward and shared by every layer's q and k. With a separate base for the sliding layers
+    (`cfg.rope_local_theta`, Gemma 3): `{"full": (cos, sin), "local": (cos, sin)}`, each layer
+    taking its own (`layer_rope`)."""
+    def tables(theta):
+        freqs = rope_frequencies(cfg, theta)[None, None]
+        angles_BTF = positions_BT[..., None].astype(jnp.float32) * freqs
+        return jnp.cos(angles_BTF)[:, :, None, :], jnp.sin(angles_BTF)[:, :, None, :]
+
+    if cfg.rope_local_theta is None:
+        return tables(None)
+    return {"full": tables(None), "local": tables(cfg.rope_local_theta)}
+
+
+def layer_rope(rope, window: int | None):
+    """The rotation tables a layer uses: the local ones for a sliding layer when `rope_tables`
+    made two sets."""
+    if not isinstance(rope, dict):
+        return rope
+    return rope["full" if window is None else "local"]
 
 
 def apply_rope(x_BTHD, rope):
@@ -92,84 +119,6 @@ def apply_rope(x_BTHD, rope):
     x1, x2 = jnp.split(x_BTHD.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x_BTHD.dtype)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class KVCache:
-    """Per-layer key/value caches and the number of valid entries per row.
-
-    Sequence-major (`heads_major=False`): keys and values `[B, S, K, D]`, the layout the Pallas
-    decode kernel reads. Heads-major (the default with XLA attention): keys `[B, K, D, S]`,
-    values `[B, K, S, D]`, the layout XLA:CPU's attention dots read without copying the cache
-    (`jaxrl.models.attention.cached_attention`; docs/design.md).
-    """
-
-    k: list  # L arrays [B, S, K, D] (heads-major: [B, K, D, S])
-    v: list  # L arrays [B, S, K, D] (heads-major: [B, K, S, D])
-    lengths_B: jax.Array  # int32 [B]
-    heads_major: bool = dataclasses.field(default=False, metadata=dict(static=True))
-
-    LOGICAL_AXES = ("cache_batch", "length", "kv_heads", "head_dim")  # sequence-major k and v
-    HEADS_MAJOR_AXES = {"k": ("cache_batch", "kv_heads", "head_dim", "length"),
-                        "v": ("cache_batch", "kv_heads", "length", "head_dim")}
-
-    @staticmethod
-    def logical_axes(which: str, heads_major: bool) -> tuple:
-        """The logical axes of a layer's `which` ("k" or "v") array in the given layout."""
-        return KVCache.HEADS_MAJOR_AXES[which] if heads_major else KVCache.LOGICAL_AXES
-
-    @staticmethod
-    def default_heads_major(cfg: ModelConfig) -> bool:
-        """Heads-major unless decode attention runs the Pallas kernel (which reads [B, S, K, D])."""
-        return resolve_impl(cfg.attention_impl) == "xla"
-
-    @classmethod
-    def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=None,
-             heads_major: bool | None = None) -> KVCache:
-        """Zeros for `batch` rows of `max_len` positions; `heads_major=None` picks the layout
-        for `cfg.attention_impl` (`default_heads_major`)."""
-        dtype = dtype or DTYPES[cfg.dtype]
-        if heads_major is None:
-            heads_major = cls.default_heads_major(cfg)
-        k_, d = cfg.num_kv_heads, cfg.head_size
-        k_shape, v_shape = (((batch, k_, d, max_len), (batch, k_, max_len, d)) if heads_major
-                            else ((batch, max_len, k_, d),) * 2)
-        return cls(k=[jnp.zeros(k_shape, dtype) for _ in range(cfg.num_layers)],
-                   v=[jnp.zeros(v_shape, dtype) for _ in range(cfg.num_layers)],
-                   lengths_B=jnp.zeros((batch,), jnp.int32), heads_major=heads_major)
-
-    @property
-    def max_len(self) -> int:
-        return self.k[0].shape[-1 if self.heads_major else 1]
-
-    def write_and_attend(self, layer: int, q_BTHD, k_BTKD, v_BTKD, positions_BT, kv_lengths_B,
-                         impl: str):
-        """Write one layer's new entries at each row's length, then attend to that layer's cache.
-
-        Returns `(out_BTHD, (k_cache, v_cache))`; `with_layers` assembles the new cache. Every
-        cache layout (see `jaxrl.models.paged.PagedKVCache`) offers these two methods.
-        """
-        if self.heads_major:
-            k_cache = _write_rows(self.k[layer], k_BTKD.transpose(0, 2, 3, 1), self.lengths_B, 2)
-            v_cache = _write_rows(self.v[layer], v_BTKD.transpose(0, 2, 1, 3), self.lengths_B, 1)
-        else:
-            k_cache = _write_rows(self.k[layer], k_BTKD, self.lengths_B, 0)
-            v_cache = _write_rows(self.v[layer], v_BTKD, self.lengths_B, 0)
-        out_BTHD = cached_attention(q_BTHD, k_cache, v_cache, positions_BT, kv_lengths_B,
-                                    impl=impl, heads_major=self.heads_major)
-        return out_BTHD, (k_cache, v_cache)
-
-    def with_layers(self, layers: list, lengths_B) -> KVCache:
-        """The cache after a step: `layers` holds what `write_and_attend` returned per layer."""
-        return KVCache(k=[k for k, _ in layers], v=[v for _, v in layers], lengths_B=lengths_B,
-                       heads_major=self.heads_major)
-
-
-def _write_rows(cache, new, start_B, axis: int):
-    """Write each row's T new entries at its own offset along the row's sequence `axis`."""
-    write = lambda c, n, s: jax.lax.dynamic_update_slice_in_dim(c, n, s, axis=axis)
-    return jax.vmap(write)(cache, new.astype(cache.dtype), start_B)
 
 
 def _project(module, name: str, spec: str, x, dt):
@@ -212,11 +161,15 @@ def _check_fusable(module, lora_enabled: bool) -> None:
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, window: int | None = None):
         e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_size
         pd = DTYPES[cfg.param_dtype]
         std = 0.02
         self.cfg = cfg
+        self.window = window  # sliding window of this layer (None: full causal attention)
+        scalar = cfg.query_pre_attn_scalar
+        self.options = dict(window=window, softcap=cfg.attn_logit_softcap,
+                            scale=None if scalar is None else scalar ** -0.5)
         self.quant_format = None  # quantize(fmt) swaps the projections for 8-bit values + scales
         self.fused = False  # fuse_projections() joins q/k/v into qkv_proj
         self.q_proj = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd, std)
@@ -232,9 +185,10 @@ class Attention(nnx.Module):
         if cfg.qk_norm and cfg.qk_norm_full:  # OLMo 2: over all heads of the projection
             self.q_norm = RMSNorm((h, d), cfg.rms_norm_eps, ("heads", "head_dim"), pd, rngs)
             self.k_norm = RMSNorm((k, d), cfg.rms_norm_eps, ("kv_heads", "head_dim"), pd, rngs)
-        elif cfg.qk_norm:  # Qwen3: per head
-            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs)
-            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs)
+        elif cfg.qk_norm:  # Qwen3, Gemma 3: per head
+            gemma = cfg.architecture in GEMMA_ARCHITECTURES
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs, offset=gemma)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, "head_dim", pd, rngs, offset=gemma)
 
     def add_lora(self, rngs: nnx.Rngs) -> None:
         cfg = self.cfg
@@ -304,7 +258,8 @@ class Attention(nnx.Module):
 
     def __call__(self, x_BTE, rope, segment_ids_BT):
         q, k, v = self._qkv(x_BTE, rope)
-        out_BTHD = attention(q, k, v, segment_ids_BT=segment_ids_BT, impl=self.cfg.attention_impl)
+        out_BTHD = attention(q, k, v, segment_ids_BT=segment_ids_BT, impl=self.cfg.attention_impl,
+                             **self.options)
         return self._out(out_BTHD, x_BTE.dtype)
 
     def _out(self, out_BTHD, dt):
@@ -316,10 +271,11 @@ class Attention(nnx.Module):
         return out_BTE
 
     def decode(self, x_BTE, rope, attend):
-        """`attend(q, k, v) -> (out_BTHD, layer_cache)` writes the new k/v into a cache and
-        attends to it (a bound `write_and_attend` of the cache in use)."""
+        """`attend(q, k, v, **options) -> (out_BTHD, layer_cache)` writes the new k/v into a
+        cache and attends to it (a bound `write_and_attend` of the cache in use) with this
+        layer's window, soft-cap and scale."""
         q, k, v = self._qkv(x_BTE, rope)
-        out_BTHD, layer_cache = attend(q, k, v)
+        out_BTHD, layer_cache = attend(q, k, v, **self.options)
         return self._out(out_BTHD, x_BTE.dtype), layer_cache
 
 
@@ -331,6 +287,8 @@ class MLP(nnx.Module):
         self.down_proj = _param(rngs, (f, e), ("mlp", "embed"), pd, 0.02)
         self.lora = cfg.lora
         self.sizes = (e, f)
+        # GeGLU (Gemma: tanh-approximate GELU) or SwiGLU
+        self.gelu = cfg.architecture in GEMMA_ARCHITECTURES
         self.quant_format = None  # quantize(fmt) swaps the projections for 8-bit values + scales
         self.fused = False  # fuse_projections() joins gate/up into gate_up_proj
 
@@ -359,38 +317,49 @@ class MLP(nnx.Module):
         dt = x_BTE.dtype
         if self.fused:
             gate_up_BT2F = _project(self, "gate_up_proj", "bte,egf->btgf", x_BTE, dt)
-            h_BTF = jax.nn.silu(gate_up_BT2F[:, :, 0]) * gate_up_BT2F[:, :, 1]
+            h_BTF = self._act(gate_up_BT2F[:, :, 0]) * gate_up_BT2F[:, :, 1]
             return _project(self, "down_proj", "btf,fe->bte", h_BTF, dt)
         adapted = any(t in ("gate", "up", "down") for t in self.lora.targets) and self.lora.rank
-        if not adapted and self.quant_format is None:
+        if not adapted and self.quant_format is None and not self.gelu:
             w = (self.gate_proj[...], self.up_proj[...], self.down_proj[...])
             return swiglu(x_BTE, *(p.astype(dt) for p in w))
-        # with adapters or 8-bit weights: the plain expression (autodiff for adapters; the base
-        # weights get no gradient)
+        # with adapters, 8-bit weights or GeGLU: the plain expression (autodiff; the base
+        # weights of adapters and 8-bit weights get no gradient)
         gate_BTF = _project(self, "gate_proj", "bte,ef->btf", x_BTE, dt)
         up_BTF = _project(self, "up_proj", "bte,ef->btf", x_BTE, dt)
         if adapted:
             gate_BTF = gate_BTF + lora.delta(self, self.lora, "gate", x_BTE, 1)
             up_BTF = up_BTF + lora.delta(self, self.lora, "up", x_BTE, 1)
-        h_BTF = jax.nn.silu(gate_BTF) * up_BTF
+        h_BTF = self._act(gate_BTF) * up_BTF
         out_BTE = _project(self, "down_proj", "btf,fe->bte", h_BTF, dt)
         if adapted:
             out_BTE = out_BTE + lora.delta(self, self.lora, "down", h_BTF, 1)
         return out_BTE
 
 
+    def _act(self, x):
+        return jax.nn.gelu(x, approximate=True) if self.gelu else jax.nn.silu(x)
+
+
 class DecoderLayer(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, index: int = 0):
         pd = DTYPES[cfg.param_dtype]
         # pre-norm (Llama): norm -> sublayer -> add; post-norm (OLMo 2): sublayer -> norm -> add,
-        # `post_attn_norm` then normalising the attention's output, `post_mlp_norm` the MLP's
-        self.post_norm = cfg.post_norm
-        if cfg.post_norm:
-            self.post_mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
-        else:
-            self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
-        self.attn = Attention(cfg, rngs)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
+        # `post_attn_norm` then normalising the attention's output, `post_mlp_norm` the MLP's;
+        # sandwich (Gemma): norm -> sublayer -> norm -> add, `pre_mlp_norm` the MLP's input
+        self.sandwich = cfg.architecture in GEMMA_ARCHITECTURES
+        self.post_norm = cfg.post_norm or self.sandwich  # the sublayers' outputs normed
+        norm = lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs,
+                               offset=self.sandwich)
+        if self.post_norm:
+            self.post_mlp_norm = norm()
+        self.pre_norm = not cfg.post_norm  # the sublayers' inputs normed
+        if self.pre_norm:
+            self.input_norm = norm()
+        if self.sandwich:
+            self.pre_mlp_norm = norm()
+        self.attn = Attention(cfg, rngs, cfg.layer_window(index))
+        self.post_attn_norm = norm()
         self.sparse = cfg.is_sparse_layer(index)
         if self.sparse:
             self.mlp = MoE(cfg, rngs, lambda r, shape, axes, std: _param(r, shape, axes, pd, std))
@@ -400,7 +369,10 @@ class DecoderLayer(nnx.Module):
     def _mlp(self, x_BTE, experts_BTK):
         """The residual MLP; `(x_BTE, routing)`, routing `(logits_NX, experts_NK)` of a sparse
         layer (None for a dense one)."""
-        h_BTE = x_BTE if self.post_norm else self.post_attn_norm(x_BTE)
+        if self.sandwich:
+            h_BTE = self.pre_mlp_norm(x_BTE)
+        else:
+            h_BTE = x_BTE if self.post_norm else self.post_attn_norm(x_BTE)
         if not self.sparse:
             out_BTE, routing = self.mlp(h_BTE), None
         else:
@@ -410,17 +382,20 @@ class DecoderLayer(nnx.Module):
 
     def attn_in(self, x_BTE):
         """The attention's input (normed first in a pre-norm layer)."""
-        return x_BTE if self.post_norm else self.input_norm(x_BTE)
+        return self.input_norm(x_BTE) if self.pre_norm else x_BTE
 
     def attn_out(self, h_BTE):
         """What the attention adds to the residual (normed first in a post-norm layer)."""
         return self.post_attn_norm(h_BTE) if self.post_norm else h_BTE
 
     def __call__(self, x_BTE, rope, segment_ids_BT, experts_BTK=None):
+        """`rope`: `rope_tables` of the model (this layer takes its own set: `layer_rope`)."""
+        rope = layer_rope(rope, self.attn.window)
         x_BTE = x_BTE + self.attn_out(self.attn(self.attn_in(x_BTE), rope, segment_ids_BT))
         return self._mlp(x_BTE, experts_BTK)
 
     def decode(self, x_BTE, rope, attend):
+        rope = layer_rope(rope, self.attn.window)
         h, layer_cache = self.attn.decode(self.attn_in(x_BTE), rope, attend)
         x_BTE, routing = self._mlp(x_BTE + self.attn_out(h), None)
         return x_BTE, layer_cache, routing
@@ -452,7 +427,8 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd, 0.02)
         self.layers = nnx.List([DecoderLayer(cfg, rngs, i) for i in range(cfg.num_layers)])
-        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs)
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, "norm", pd, rngs,
+                                  offset=cfg.architecture in GEMMA_ARCHITECTURES)
         if not cfg.tie_embeddings:
             self.lm_head = _param(
                 rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd, 0.02
@@ -488,7 +464,10 @@ class Transformer(nnx.Module):
         return self
 
     def _embed(self, tokens_BT):
-        return self.embed[...][tokens_BT].astype(DTYPES[self.cfg.dtype])
+        x_BTE = self.embed[...][tokens_BT]
+        if self.cfg.architecture in GEMMA_ARCHITECTURES:  # the scale rounded to the weights' dtype
+            x_BTE = x_BTE * jnp.asarray(self.cfg.hidden_size ** 0.5, x_BTE.dtype)
+        return x_BTE.astype(DTYPES[self.cfg.dtype])
 
     def hidden(self, tokens_BT, positions_BT=None, segment_ids_BT=None, rope=None):
         """Final-normed hidden states `[B, T, E]` (feed `logits` in chunks to save memory).
@@ -527,9 +506,11 @@ class Transformer(nnx.Module):
         return self.lm_head[...].astype(dtype)
 
     def logits(self, h_BTE):
-        """Project hidden states to float32 vocabulary logits."""
+        """Project hidden states to float32 vocabulary logits (soft-capped by
+        `cfg.final_logit_softcap`, Gemma 2)."""
         w_EV = self.head_weight(h_BTE.dtype)
-        return jnp.einsum("bte,ev->btv", h_BTE, w_EV, preferred_element_type=jnp.float32)
+        logits_BTV = jnp.einsum("bte,ev->btv", h_BTE, w_EV, preferred_element_type=jnp.float32)
+        return soft_cap(logits_BTV, self.cfg.final_logit_softcap)
 
     def __call__(self, tokens_BT, positions_BT=None, segment_ids_BT=None):
         return self.logits(self.hidden(tokens_BT, positions_BT, segment_ids_BT))

@@ -35,8 +35,10 @@ def chunk_size(length: int, chunk: int) -> int:
     return c
 
 
-def _head_logits(h_BcE, w_EV):
-    return jnp.einsum("bce,ev->bcv", h_BcE, w_EV, preferred_element_type=jnp.float32)
+def _head_logits(h_BcE, w_EV, softcap=None):
+    """Logits of a chunk, soft-capped (`cap * tanh(z / cap)`, Gemma 2) when `softcap` is set."""
+    z_BcV = jnp.einsum("bce,ev->bcv", h_BcE, w_EV, preferred_element_type=jnp.float32)
+    return z_BcV if softcap is None else softcap * jnp.tanh(z_BcV / softcap)
 
 
 def _to_chunks(x, n):  # [B, T, ...] -> [N, B, T/N, ...]
@@ -48,18 +50,19 @@ def _from_chunks(x):  # [N, B, c, ...] -> [B, N c, ...]
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _chunked_logp_entropy(h_BTE, w_EV, tgt_BT, chunk: int, keep_probs: bool, entropy_grad: bool):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _chunked_logp_entropy(h_BTE, w_EV, tgt_BT, chunk: int, keep_probs: bool, entropy_grad: bool,
+                          softcap: float | None):
     """(log softmax(h w)[tgt], entropy) per position, `chunk` positions of logits at a time."""
-    return _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk, keep_probs, entropy_grad)[0]
+    return _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk, keep_probs, entropy_grad, softcap)[0]
 
 
-def _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk, keep_probs, entropy_grad):
+def _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk, keep_probs, entropy_grad, softcap):
     n = h_BTE.shape[1] // chunk
 
     def one(args):
         h_BcE, tgt_Bc = args
-        z_BcV = _head_logits(h_BcE, w_EV)
+        z_BcV = _head_logits(h_BcE, w_EV, softcap)
         lse_Bc = jax.nn.logsumexp(z_BcV, axis=-1)
         tgt_logit_Bc = jnp.take_along_axis(z_BcV, tgt_Bc[..., None], axis=-1)[..., 0]
         p_BcV = jnp.exp(z_BcV - lse_Bc[..., None])
@@ -70,11 +73,13 @@ def _chunked_fwd(h_BTE, w_EV, tgt_BT, chunk, keep_probs, entropy_grad):
     return (_from_chunks(lp), _from_chunks(ent)), (h_BTE, w_EV, tgt_BT, kept)
 
 
-def _chunked_bwd(chunk, keep_probs, entropy_grad, residuals, cotangents):
+def _chunked_bwd(chunk, keep_probs, entropy_grad, softcap, residuals, cotangents):
     """d logp / d logits = onehot(tgt) - softmax, with the softmax kept from the forward or
     recomputed from each chunk's logits and log-normaliser; dW accumulates over chunks in f32.
     With `entropy_grad`, the entropy's cotangent adds dH / dz_v = -p_v (log p_v + H) (an entropy
-    bonus in the loss); without it the entropy output carries no gradient."""
+    bonus in the loss); without it the entropy output carries no gradient. Soft-capped logits
+    `z = c tanh(u / c)` of the raw `u = h w` carry dz / du = 1 - (z / c)^2 (the capped logits
+    are then recomputed from each chunk, never kept)."""
     h_BTE, w_EV, tgt_BT, kept_N = residuals
     g_BT, gh_BT = cotangents
     n = h_BTE.shape[1] // chunk
@@ -85,13 +90,16 @@ def _chunked_bwd(chunk, keep_probs, entropy_grad, residuals, cotangents):
             p_BcV = kept
             logp_BcV = jnp.log(jnp.maximum(p_BcV, jnp.finfo(jnp.float32).tiny))
         else:
-            logp_BcV = _head_logits(h_BcE, w_EV) - kept[..., None]
+            z_BcV = _head_logits(h_BcE, w_EV, softcap)
+            logp_BcV = z_BcV - kept[..., None]
             p_BcV = jnp.exp(logp_BcV)
         onehot_BcV = jnp.arange(p_BcV.shape[-1])[None, None, :] == tgt_Bc[..., None]
         dz_BcV = g_Bc[..., None] * (onehot_BcV - p_BcV)
         if entropy_grad:
             ent_Bc = -jnp.sum(p_BcV * logp_BcV, axis=-1)
             dz_BcV = dz_BcV - gh_Bc[..., None] * p_BcV * (logp_BcV + ent_Bc[..., None])
+        if softcap is not None:
+            dz_BcV = dz_BcV * (1.0 - jnp.square(z_BcV / softcap))
         dz_BcV = dz_BcV.astype(h_BcE.dtype)
         dh_BcE = jnp.einsum("bcv,ev->bce", dz_BcV, w_EV, preferred_element_type=jnp.float32)
         dw_EV = dw_EV + jnp.einsum("bce,bcv->ev", h_BcE, dz_BcV, preferred_element_type=jnp.float32)
@@ -107,21 +115,24 @@ _chunked_logp_entropy.defvjp(_chunked_fwd, _chunked_bwd)
 
 
 def target_logprobs(w_EV, h_BTE, targets_BT, *, chunk: int, keep_probs_mb: float = 0.0,
-                    entropy_grad: bool = False):
+                    entropy_grad: bool = False, softcap: float | None = None):
     """(logp_BT, entropy_BT) predicted AT each position, `logp_BT[:, t] = log softmax(h_BTE[:, t]
     @ w_EV)[targets_BT[:, t]]`, unshifted and unmasked (the Tinker service's `target_tokens`):
-    the chunked pass of `logprobs_from_hidden`, same `chunk` / `keep_probs_mb` / `entropy_grad`."""
+    the chunked pass of `logprobs_from_hidden`, same `chunk` / `keep_probs_mb` / `entropy_grad`
+    / `softcap`."""
     b, t, _ = h_BTE.shape
-    keep_probs = b * t * w_EV.shape[-1] * 4 <= keep_probs_mb * 2**20
+    keep_probs = softcap is None and b * t * w_EV.shape[-1] * 4 <= keep_probs_mb * 2**20
     logp_BT, ent_BT = _chunked_logp_entropy(h_BTE, w_EV, targets_BT, chunk_size(t, chunk),
-                                            keep_probs, entropy_grad)
+                                            keep_probs, entropy_grad, softcap)
     return logp_BT, (ent_BT if entropy_grad else jax.lax.stop_gradient(ent_BT))
 
 
 def logprobs_from_hidden(w_EV, h_BTE, tokens_BT, segment_ids_BT, *, chunk: int,
-                         keep_probs_mb: float = 0.0, entropy_grad: bool = False):
+                         keep_probs_mb: float = 0.0, entropy_grad: bool = False,
+                         softcap: float | None = None):
     """(logp_BT, entropy_BT) of `tokens` under logits = `h_BTE @ w_EV` (the lm head, see
-    `Transformer.head_weight`); entropy has a gradient only with `entropy_grad` (an entropy
+    `Transformer.head_weight`), soft-capped by `softcap` (`ModelConfig.final_logit_softcap`,
+    as `Transformer.logits`); entropy has a gradient only with `entropy_grad` (an entropy
     bonus), else it is a statistic.
 
     `entropy_BT[:, t]` is the entropy of the distribution that predicted token t (same alignment).
@@ -140,7 +151,7 @@ def logprobs_from_hidden(w_EV, h_BTE, tokens_BT, segment_ids_BT, *, chunk: int,
     tgt_BT = jnp.concatenate([tokens_BT[:, 1:], jnp.zeros_like(tokens_BT[:, :1])], axis=1)
     lp_next_BT, ent_next_BT = target_logprobs(w_EV, h_BTE, tgt_BT, chunk=chunk,
                                               keep_probs_mb=keep_probs_mb,
-                                              entropy_grad=entropy_grad)
+                                              entropy_grad=entropy_grad, softcap=softcap)
     # shift right: the prediction made at t-1 belongs to token t.
     zero_B1 = jnp.zeros((b, 1), jnp.float32)
     logp_BT = jnp.concatenate([zero_B1, lp_next_BT[:, :-1]], axis=1)
@@ -190,7 +201,8 @@ def model_logprobs_routed(model, batch: Batch, *, chunk: int, remat: str = "none
     w_EV = model.head_weight(h_BTE.dtype)
     logp_BT, ent_BT = logprobs_from_hidden(w_EV, h_BTE, batch.tokens, batch.segment_ids,
                                            chunk=chunk, keep_probs_mb=keep_probs_mb,
-                                           entropy_grad=entropy_grad)
+                                           entropy_grad=entropy_grad,
+                                           softcap=model.cfg.final_logit_softcap)
     stats = {}
     if routing is not None and recorded_BTLK is not None:
         ls, b, t, k = routing.experts_LBTK.shape
@@ -226,7 +238,8 @@ def shared_logprobs(model, batch: Batch, layout, *, chunk: int,
                    tokens_BS, positions_BS, seg_BS, layout.group_B)
     w_EV = model.head_weight(h_BSE.dtype)
     logp_BS, ent_BS = logprobs_from_hidden(w_EV, h_BSE, tokens_BS, seg_BS, chunk=chunk,
-                                           keep_probs_mb=keep_probs_mb, entropy_grad=entropy_grad)
+                                           keep_probs_mb=keep_probs_mb, entropy_grad=entropy_grad,
+                                           softcap=model.cfg.final_logit_softcap)
     read_BT = layout.inverse_BT >= 0
     logp_BT = jnp.where(read_BT, _take(logp_BS, layout.inverse_BT), 0.0)
     ent_BT = jnp.where(read_BT, _take(ent_BS, layout.inverse_BT), 0.0)
