@@ -2,17 +2,11 @@
 
 import dataclasses
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from run_helpers import has_sealed_checkpoint, tiny_run_config
+from run_helpers import tiny_run_config
 from tiny_multiturn_config import tiny_multiturn_run_config
 
 import jaxrl.run
@@ -20,8 +14,6 @@ from jaxrl.config import ConfigError, MeshConfig
 from jaxrl.rl import update
 from jaxrl.rl.loop import lead_for
 from jaxrl.rl.metrics import REQUIRED, read_metrics
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_mesh_that_does_not_fit_fails_before_any_work(tmp_path):
@@ -137,52 +129,6 @@ def _final_params(run_dir):
         return [np.asarray(x) for x in jax.tree.leaves(raw["params"])]
     finally:
         ckpt.close()
-
-
-def _launch(tmp_path, name, *extra):
-    args = [sys.executable, str(ROOT / "launch" / "run.py"), "--quiet",
-            "--config", str(Path(__file__).parent / "tiny_config.py"),
-            f"--run_dir={tmp_path / 'runs'}", f"--name={name}",
-            f"--data.sft.cache_dir={tmp_path / 'cache'}", *extra]
-    env = dict(os.environ, JAXRL_CPU_DEVICES="2")
-    env.pop("XLA_FLAGS", None)
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=tmp_path)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("params", ["full", "lora"])
-def test_sigkill_then_resume_continues_exactly(tmp_path, params):
-    # LoRA: the checkpoint holds adapters and their optimiser state; the base is rebuilt
-    steps = ["--pipeline.steps=6", "--train.checkpoint_every=2"]
-    if params == "lora":
-        steps.append("--model.lora.rank=4")
-    ref = _launch(tmp_path, "ref", *steps)
-    out, _ = ref.communicate(timeout=600)
-    assert ref.returncode == 0, out[-3000:]
-    victim = _launch(tmp_path, "victim", *steps)
-    metrics = tmp_path / "runs" / "victim" / "metrics.jsonl"
-    deadline = time.time() + 600
-    while time.time() < deadline:  # kill after step 3 was logged (checkpoint at step 2 exists)
-        if (metrics.exists() and len(metrics.read_text().splitlines()) >= 4
-                and has_sealed_checkpoint(metrics.parent)):
-            break
-        if victim.poll() is not None:
-            pytest.fail("the run ended before it could be killed:\n" + victim.stdout.read()[-3000:])
-        time.sleep(0.2)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
-    resumed = _launch(tmp_path, "victim", *steps, "--resume")
-    out, _ = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, out[-3000:]
-    rows = read_metrics(tmp_path / "runs" / "victim")
-    ref_rows = read_metrics(tmp_path / "runs" / "ref")
-    assert [r["step"] for r in rows] == list(range(6))  # each step once, continuing
-    for key in ("data/prompts_consumed", "reward/mean", "loss/total", "train/grad_norm"):
-        assert [r[key] for r in rows] == [r[key] for r in ref_rows], key
-    for x, y in zip(_final_params(tmp_path / "runs" / "victim"),
-                    _final_params(tmp_path / "runs" / "ref"), strict=True):
-        np.testing.assert_array_equal(x, y)
 
 
 def test_nan_inside_a_step_stops_the_run_after_logging_the_good_steps():
