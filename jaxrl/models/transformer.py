@@ -168,8 +168,9 @@ class Attention(nnx.Module):
         self.cfg = cfg
         self.window = window  # sliding window of this layer (None: full causal attention)
         scalar = cfg.query_pre_attn_scalar
-        self.options = dict(window=window, softcap=cfg.attn_logit_softcap,
-                            scale=None if scalar is None else scalar ** -0.5)
+        # a tuple, not a dict: a graphdef must stay hashable (it keys the jitted steps' caches)
+        self.options = (("window", window), ("softcap", cfg.attn_logit_softcap),
+                        ("scale", None if scalar is None else scalar ** -0.5))
         self.quant_format = None  # quantize(fmt) swaps the projections for 8-bit values + scales
         self.fused = False  # fuse_projections() joins q/k/v into qkv_proj
         self.q_proj = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd, std)
@@ -259,7 +260,7 @@ class Attention(nnx.Module):
     def __call__(self, x_BTE, rope, segment_ids_BT):
         q, k, v = self._qkv(x_BTE, rope)
         out_BTHD = attention(q, k, v, segment_ids_BT=segment_ids_BT, impl=self.cfg.attention_impl,
-                             **self.options)
+                             **dict(self.options))
         return self._out(out_BTHD, x_BTE.dtype)
 
     def _out(self, out_BTHD, dt):
@@ -275,7 +276,7 @@ class Attention(nnx.Module):
         cache and attends to it (a bound `write_and_attend` of the cache in use) with this
         layer's window, soft-cap and scale."""
         q, k, v = self._qkv(x_BTE, rope)
-        out_BTHD, layer_cache = attend(q, k, v, **self.options)
+        out_BTHD, layer_cache = attend(q, k, v, **dict(self.options))
         return self._out(out_BTHD, x_BTE.dtype), layer_cache
 
 
