@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import jax
 
@@ -38,6 +39,21 @@ def resolve_backend(backend: str | None, interpret):
     if on_cpu and not interpret:
         interpret = pltpu.InterpretParams() if backend == "tpu" else True
     return backend, interpret
+
+
+def check_window(window) -> int | None:
+    """A sliding window is a positive int (a query at position p sees keys p - window < k <= p),
+    or None for no window. Returns it as an int."""
+    if window is None:
+        return None
+    if not isinstance(window, bool) and isinstance(window, numbers.Integral) and window >= 1:
+        return int(window)
+    raise ValueError(f"window must be a positive int or None, got {window!r}")
+
+
+def window_blocks(window: int, block: int) -> int:
+    """Most blocks of ``block`` positions that ``window`` consecutive positions can touch."""
+    return cdiv(window - 1, block) + 1
 
 
 def cdiv(a: int, b: int) -> int:

@@ -42,6 +42,7 @@ def _flash_fwd_kernel(
     sm_scale: float,
     causal: bool,
     use_segments: bool,
+    window: int | None,
     kv_len: int | None,
     group: int,
     num_q_blocks: int,
@@ -68,6 +69,8 @@ def _flash_fwd_kernel(
             if causal:
                 rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
                 mask = mask & (cols * group <= rows)  # col <= row // G, without a division
+            if window is not None:
+                mask = mask & ((cols + window) * group > rows)  # col > row // G - window
             if kv_len is not None:
                 mask = mask & (cols < kv_len)
             if use_segments:
@@ -85,8 +88,13 @@ def _flash_fwd_kernel(
         m_scr_ref[...] = m_new
 
     active = kv_block < hi
-    pl.when(active & (kv_block >= mid))(lambda: step(True))
-    pl.when(active & (kv_block < mid))(lambda: step(False))
+    if window is None:
+        pl.when(active & (kv_block >= mid))(lambda: step(True))
+        pl.when(active & (kv_block < mid))(lambda: step(False))
+    else:  # a block starting at or before the last row's t - window needs the mask too
+        early = (kv_block * bk + window) * group <= i * bq + bq - 1
+        pl.when(active & ((kv_block >= mid) | early))(lambda: step(True))
+        pl.when(active & (kv_block < mid) & ~early)(lambda: step(False))
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -113,9 +121,12 @@ def flash_fwd_tpu(
     block_q,
     block_k,
     interpret,
+    window=None,
+    num_kv_steps=None,
 ):
     """qf [B, Hkv, Rp, D], kf/vf [B, Hkv, Sp, D], q_seg [B, Rp, 1], kv_seg [B, 1, Sp],
-    bounds [B * nq * 3].
+    bounds [B * nq * 3]. ``num_kv_steps``: kv grid steps, at least the widest [lo, hi) (None: all
+    kv blocks; a window needs far fewer).
 
     Returns o [B, Hkv, Rp, D] (qf.dtype) and lse [B, Hkv, Rp, 1] f32.
     """
@@ -142,6 +153,7 @@ def flash_fwd_tpu(
         sm_scale=sm_scale,
         causal=causal,
         use_segments=use_segments,
+        window=window,
         kv_len=kv_len,
         group=group,
         num_q_blocks=nq,
@@ -150,7 +162,7 @@ def flash_fwd_tpu(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
-            grid=(B, Hkv, nq, nk),
+            grid=(B, Hkv, nq, num_kv_steps or nk),
             in_specs=[q_spec, kv_spec, kv_spec, q_seg_spec, kv_seg_spec],
             out_specs=[q_spec, lse_spec],
             scratch_shapes=[
@@ -171,13 +183,16 @@ def flash_fwd_tpu(
     )(bounds, qf, kf, vf, q_seg, kv_seg)
 
 
-def _bwd_mask_t(kv_block, q_block, bk, bq, *, causal, kv_len, group, q_seg_t, kv_seg_t):
+def _bwd_mask_t(kv_block, q_block, bk, bq, *, causal, window, kv_len, group, q_seg_t, kv_seg_t):
     """Visibility in the transposed orientation [bk, bq] (kv rows, q columns), or None."""
     mask = None
     cols = kv_block * bk + lax.broadcasted_iota(jnp.int32, (bk, bq), 0)
     rows = q_block * bq + lax.broadcasted_iota(jnp.int32, (bk, bq), 1)
     if causal:
         mask = cols * group <= rows
+    if window is not None:
+        in_window = (cols + window) * group > rows
+        mask = in_window if mask is None else mask & in_window
     if kv_len is not None:
         mask = (cols < kv_len) if mask is None else mask & (cols < kv_len)
     if q_seg_t is not None:
@@ -204,6 +219,7 @@ def _flash_bwd_dkv_kernel(
     sm_scale: float,
     causal: bool,
     use_segments: bool,
+    window: int | None,
     kv_len: int | None,
     group: int,
     num_kv_blocks: int,
@@ -231,6 +247,7 @@ def _flash_bwd_dkv_kernel(
             bk,
             bq,
             causal=causal,
+            window=window,
             kv_len=kv_len,
             group=group,
             q_seg_t=q_seg_t_ref[...] if use_segments else None,
@@ -269,6 +286,7 @@ def _flash_bwd_dq_kernel(
     sm_scale: float,
     causal: bool,
     use_segments: bool,
+    window: int | None,
     kv_len: int | None,
     group: int,
     num_q_blocks: int,
@@ -292,6 +310,9 @@ def _flash_bwd_dq_kernel(
         cols = kv_block * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
         if causal:
             mask = mask & (cols * group <= i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0))
+        if window is not None:
+            rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+            mask = mask & ((cols + window) * group > rows)
         if kv_len is not None:
             mask = mask & (cols < kv_len)
         if use_segments:
@@ -328,14 +349,24 @@ def flash_bwd_tpu(
     block_q,
     block_k,
     interpret,
+    window=None,
+    num_steps=None,
 ):
     """Head-major layouts as the forward's; lse / delta [B, Hkv, Rp] f32, q_seg [B, Rp],
-    kv_seg [B, Sp], bounds [B * nq * 3], qbounds [B * nk * 2]. Returns dqf, dkf, dvf."""
+    kv_seg [B, Sp], bounds [B * nq * 3], qbounds [B * nk * 2]. ``num_steps``: (q steps of the
+    dk/dv grid, kv steps of the dq grid), at least the widest ranges (None: all blocks).
+    Returns dqf, dkf, dvf."""
     B, Hkv, Rp, D = qf.shape
     Sp = kf.shape[2]
     nq, nk = Rp // block_q, Sp // block_k
+    q_steps, kv_steps = num_steps or (nq, nk)
     flags = dict(
-        sm_scale=sm_scale, causal=causal, use_segments=use_segments, kv_len=kv_len, group=group
+        sm_scale=sm_scale,
+        causal=causal,
+        use_segments=use_segments,
+        window=window,
+        kv_len=kv_len,
+        group=group,
     )
     sem = pltpu.CompilerParams(
         dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
@@ -357,7 +388,7 @@ def flash_bwd_tpu(
         functools.partial(_flash_bwd_dkv_kernel, num_kv_blocks=nk, **flags),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
-            grid=(B, Hkv, nk, nq),
+            grid=(B, Hkv, nk, q_steps),
             in_specs=[
                 q_rows,
                 kv_own,
@@ -400,7 +431,7 @@ def flash_bwd_tpu(
         functools.partial(_flash_bwd_dq_kernel, num_q_blocks=nq, **flags),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
-            grid=(B, Hkv, nq, nk),
+            grid=(B, Hkv, nq, kv_steps),
             in_specs=[
                 q_own,
                 kv_rows,

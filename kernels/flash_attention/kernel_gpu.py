@@ -46,6 +46,7 @@ def _flash_fwd_kernel(
     sm_scale: float,
     causal: bool,
     use_segments: bool,
+    window: int | None,
     kv_len: int | None,
     group: int,
     block_k: int,
@@ -72,6 +73,8 @@ def _flash_fwd_kernel(
                 mask = jnp.ones((bq, bk), dtype=bool)
                 if causal:
                     mask = mask & (cols[None, :] <= rows_t[:, None])
+                if window is not None:
+                    mask = mask & (cols[None, :] > rows_t[:, None] - window)
                 if kv_len is not None:
                     mask = mask & (cols[None, :] < kv_len)
                 if use_segments:
@@ -95,6 +98,11 @@ def _flash_fwd_kernel(
         jnp.zeros((bq,), jnp.float32),
     )
     split = jnp.maximum(lo, jnp.minimum(mid, hi))
+    if window is not None:  # blocks starting at or before the last row's t - window: masked
+        t_last = (i * bq + bq - 1) // group
+        full = jnp.clip((jnp.maximum(t_last - window + 1, 0) + bk - 1) // bk, lo, split)
+        carry = lax.fori_loop(lo, full, make_step(True), carry)
+        lo = full
     carry = lax.fori_loop(lo, split, make_step(False), carry)
     acc, m, l = lax.fori_loop(split, hi, make_step(True), carry)
     empty = l == 0.0
@@ -121,6 +129,7 @@ def flash_fwd_gpu(
     num_warps,
     num_stages,
     interpret,
+    window=None,
 ):
     """q5 [B, Tp, Hkv, G, D] (q's own layout, reshaped), k/v [B, Sp, Hkv, D] (their own layout),
     q_seg [B, Tp * G] (folded rows), kv_seg [B, Sp], bounds [B, nq, 4]. No transposes: each
@@ -139,6 +148,7 @@ def flash_fwd_gpu(
         sm_scale=sm_scale,
         causal=causal,
         use_segments=use_segments,
+        window=window,
         kv_len=kv_len,
         group=group,
         block_k=block_k,
@@ -167,10 +177,12 @@ def flash_fwd_gpu(
     )(bounds, qf, kf, vf, q_seg, kv_seg)
 
 
-def _bwd_mask(rows, cols, q_seg, kv_seg, *, causal, kv_len, group):
+def _bwd_mask(rows, cols, q_seg, kv_seg, *, causal, window, kv_len, group):
     mask = jnp.ones((rows.shape[0], cols.shape[0]), dtype=bool)
     if causal:
         mask = mask & (cols[None, :] <= (rows // group)[:, None])
+    if window is not None:
+        mask = mask & (cols[None, :] > (rows // group)[:, None] - window)
     if kv_len is not None:
         mask = mask & (cols[None, :] < kv_len)
     if q_seg is not None:
@@ -194,6 +206,7 @@ def _flash_bwd_dkv_kernel(
     sm_scale: float,
     causal: bool,
     use_segments: bool,
+    window: int | None,
     kv_len: int | None,
     block_q: int,
 ):
@@ -212,7 +225,9 @@ def _flash_bwd_dkv_kernel(
         row_slice = pl.ds(pl.multiple_of(i * bq, bq), bq)
         rows = i * bq + jnp.arange(bq, dtype=jnp.int32)
         q_seg = q_seg_ref[row_slice] if use_segments else None
-        mask = _bwd_mask(rows, cols, q_seg, kv_seg, causal=causal, kv_len=kv_len, group=G)
+        mask = _bwd_mask(
+            rows, cols, q_seg, kv_seg, causal=causal, window=window, kv_len=kv_len, group=G
+        )
         s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * sm_scale
         p = jnp.where(mask, jnp.exp(s - lse_ref[row_slice][:, None]), 0.0)
         dv = dv + lax.dot_general(p.astype(do.dtype), do, _TN, preferred_element_type=jnp.float32)
@@ -242,6 +257,7 @@ def _flash_bwd_dq_kernel(
     sm_scale: float,
     causal: bool,
     use_segments: bool,
+    window: int | None,
     kv_len: int | None,
     block_k: int,
 ):
@@ -259,7 +275,9 @@ def _flash_bwd_dq_kernel(
         k, v = k_ref[kv_slice, :], v_ref[kv_slice, :]
         cols = j * bk + jnp.arange(bk, dtype=jnp.int32)
         kv_seg = kv_seg_ref[kv_slice] if use_segments else None
-        mask = _bwd_mask(rows, cols, q_seg, kv_seg, causal=causal, kv_len=kv_len, group=G)
+        mask = _bwd_mask(
+            rows, cols, q_seg, kv_seg, causal=causal, window=window, kv_len=kv_len, group=G
+        )
         s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * sm_scale
         p = jnp.where(mask, jnp.exp(s - lse[:, None]), 0.0)
         dp = lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
@@ -291,6 +309,7 @@ def flash_bwd_gpu(
     num_warps,
     num_stages,
     interpret,
+    window=None,
 ):
     """Backward on the GPU: a dk/dv kernel (grid over kv blocks, loop over the q blocks that see
     each) and a dq kernel (grid over q blocks, loop over their kv range). Layouts as the forward's;
@@ -303,7 +322,13 @@ def flash_bwd_gpu(
     bt, Rp = block_q // G, Tp * G
     nq, nk = Tp // bt, Sp // block_k
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-    flags = dict(sm_scale=sm_scale, causal=causal, use_segments=use_segments, kv_len=kv_len)
+    flags = dict(
+        sm_scale=sm_scale,
+        causal=causal,
+        use_segments=use_segments,
+        window=window,
+        kv_len=kv_len,
+    )
     full_q = pl.BlockSpec((None, Tp, None, G, D), lambda j, b, h: (b, 0, h, 0, 0))
     kv_blk = pl.BlockSpec((None, block_k, None, D), lambda j, b, h: (b, j, h, 0))
     rows_all = pl.BlockSpec((None, None, Rp), lambda j, b, h: (b, h, 0))

@@ -18,7 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxrl_kernels._util import BIG_LSE, cdiv, fit_block, next_pow2, resolve_backend
+from jaxrl_kernels._util import (
+    BIG_LSE,
+    cdiv,
+    check_window,
+    fit_block,
+    next_pow2,
+    resolve_backend,
+)
 from jaxrl_kernels.flash_attention.kernel import flash_bwd_tpu, flash_fwd_tpu
 from jaxrl_kernels.flash_attention.kernel_gpu import flash_bwd_gpu, flash_fwd_gpu
 
@@ -59,6 +66,7 @@ class _Config:
     block_sizes: BlockSizes
     interpret: object
     backend: str
+    window: int | None = None
 
 
 def _fold_q(q, Hkv):
@@ -81,10 +89,11 @@ def _pad_axis(x, axis, size, value=0):
     return jnp.pad(x, widths, constant_values=value)
 
 
-def _block_bounds(B, R, S, G, bq, bk, causal, q_seg, kv_seg):
-    """Per (batch row, q block): [lo, mid, hi) kv blocks; [lo, mid) need no mask.
+def _static_bounds(R, S, G, bq, bk, causal, window=None):
+    """Per q block, [lo, mid, hi) kv blocks from causality and the window alone: int [nq, 3].
 
-    Returns int32 [B, nq, 3].
+    [lo, mid) need no causal or length mask; with a window, blocks that start at or before the
+    block's last query minus the window also need the mask (the kernels test that themselves).
     """
     nq, nk = cdiv(R, bq), cdiv(S, bk)
     r_first = np.arange(nq) * bq
@@ -99,7 +108,39 @@ def _block_bounds(B, R, S, G, bq, bk, causal, q_seg, kv_seg):
     if S % bk:
         mid = np.minimum(mid, nk - 1)
     lo = np.zeros(nq)
-    static = np.stack([lo, mid, hi], axis=-1).astype(np.int32)
+    if window is not None:  # keys before t_first - window + 1 are outside every row's window
+        lo = np.minimum(np.maximum(t_first - window + 1, 0) // bk, hi)
+        mid = np.clip(mid, lo, hi)
+    return np.stack([lo, mid, hi], axis=-1).astype(np.int32)
+
+
+def _kv_steps(R, S, G, bq, bk, causal, window):
+    """Grid steps over kv blocks a q block needs (TPU grids): all of them without a window."""
+    if window is None:
+        return cdiv(S, bk)
+    static = _static_bounds(R, S, G, bq, bk, causal, window)
+    return max(1, int((static[:, 2] - static[:, 0]).max()))
+
+
+def _q_steps(R, S, G, bq, bk, causal, window):
+    """Grid steps over the q blocks that see one kv block (TPU dk/dv grid)."""
+    if window is None:
+        return cdiv(R, bq)
+    static = _static_bounds(R, S, G, bq, bk, causal, window)
+    blocks = np.arange(cdiv(S, bk))[None, :]
+    sees = (blocks >= static[:, :1]) & (blocks < static[:, 2:])  # [nq, nk], contiguous in q
+    return max(1, int(sees.sum(0).max()))
+
+
+def _block_bounds(B, R, S, G, bq, bk, causal, q_seg, kv_seg, window=None):
+    """Per (batch row, q block): [lo, mid, hi) kv blocks; [lo, mid) need no mask (but see
+    ``_static_bounds`` for a window).
+
+    Returns int32 [B, nq, 3].
+    """
+    nq, nk = cdiv(R, bq), cdiv(S, bk)
+    static = _static_bounds(R, S, G, bq, bk, causal, window)
+    lo, hi = static[:, 0], static[:, 2]
     if q_seg is None:
         return jnp.broadcast_to(jnp.asarray(static)[None], (B, nq, 3))
     big = np.iinfo(np.int32).max
@@ -110,7 +151,8 @@ def _block_bounds(B, R, S, G, bq, bk, causal, q_seg, kv_seg):
     q_max = jnp.where(row_ok, qs, -big).max(-1)
     k_min = jnp.where(col_ok, ks, big).min(-1)
     k_max = jnp.where(col_ok, ks, -big).max(-1)
-    in_range = jnp.asarray(np.arange(nk)[None, :] < hi[:, None])[None]  # [1, nq, nk]
+    blocks = np.arange(nk)[None, :]
+    in_range = jnp.asarray((blocks >= lo[:, None]) & (blocks < hi[:, None]))[None]  # [1, nq, nk]
     overlap = (k_max[:, None, :] >= q_min[:, :, None]) & (k_min[:, None, :] <= q_max[:, :, None])
     overlap = overlap & in_range
     some = overlap.any(-1)
@@ -121,16 +163,16 @@ def _block_bounds(B, R, S, G, bq, bk, causal, q_seg, kv_seg):
     return jnp.stack([lo, lo, hi_seg], axis=-1).astype(jnp.int32)
 
 
-def _segments_and_bounds(segment_ids, B, R, Rp, S, Sp, G, bq, bk, causal):
+def _segments_and_bounds(segment_ids, B, R, Rp, S, Sp, G, bq, bk, causal, window):
     """Folded q segment ids [B, Rp], kv segment ids [B, Sp] and the block table [B, nq, 3]."""
     if segment_ids is None:
         q_seg = jnp.zeros((B, Rp), jnp.int32)
         kv_seg = jnp.zeros((B, Sp), jnp.int32)
-        return q_seg, kv_seg, _block_bounds(B, R, S, G, bq, bk, causal, None, None)
+        return q_seg, kv_seg, _block_bounds(B, R, S, G, bq, bk, causal, None, None, window)
     seg = segment_ids.astype(jnp.int32)
     q_seg = _pad_axis(jnp.repeat(seg, G, axis=1), 1, Rp, -2)
     kv_seg = _pad_axis(seg, 1, Sp, -1)
-    return q_seg, kv_seg, _block_bounds(B, R, S, G, bq, bk, causal, q_seg, kv_seg)
+    return q_seg, kv_seg, _block_bounds(B, R, S, G, bq, bk, causal, q_seg, kv_seg, window)
 
 
 def _gpu_tiling(T, S, G, bs: BlockSizes):
@@ -152,6 +194,7 @@ def _forward(q, k, v, segment_ids, cfg: _Config):
         sm_scale=cfg.sm_scale,
         causal=cfg.causal,
         use_segments=segment_ids is not None,
+        window=cfg.window,
         interpret=cfg.interpret,
     )
     if cfg.backend == "tpu":  # head-major layout: [B, Hkv, rows, D] tiles for the TPU pipeline
@@ -159,7 +202,7 @@ def _forward(q, k, v, segment_ids, cfg: _Config):
         bq, bk = fit_block(bs.block_q, R, "tpu"), fit_block(bs.block_k, S, "tpu")
         Rp, Sp = cdiv(R, bq) * bq, cdiv(S, bk) * bk
         q_seg, kv_seg, bounds = _segments_and_bounds(
-            segment_ids, B, R, Rp, S, Sp, G, bq, bk, cfg.causal
+            segment_ids, B, R, Rp, S, Sp, G, bq, bk, cfg.causal, cfg.window
         )
         o, lse = flash_fwd_tpu(
             bounds.reshape(-1),
@@ -172,6 +215,7 @@ def _forward(q, k, v, segment_ids, cfg: _Config):
             group=G,
             block_q=bq,
             block_k=bk,
+            num_kv_steps=_kv_steps(R, S, G, bq, bk, cfg.causal, cfg.window),
             **common,
         )
         return _unfold_q(o[:, :, :R], T, G), lse[:, :, :R, 0]
@@ -179,7 +223,7 @@ def _forward(q, k, v, segment_ids, cfg: _Config):
     Gp, bt, bq, bk, Tp, Sp = _gpu_tiling(T, S, G, bs)
     q5 = _pad_axis(_pad_axis(q.reshape(B, T, Hkv, G, D), 3, Gp), 1, Tp)
     q_seg, kv_seg, bounds = _segments_and_bounds(
-        segment_ids, B, T * Gp, Tp * Gp, S, Sp, Gp, bq, bk, cfg.causal
+        segment_ids, B, T * Gp, Tp * Gp, S, Sp, Gp, bq, bk, cfg.causal, cfg.window
     )
     o5, lse = flash_fwd_gpu(
         _pad_axis(bounds, 2, 4),
@@ -229,6 +273,8 @@ def _backward(q, k, v, segment_ids, o, lse, do, cfg: _Config):
         mask = (cols < S)[None, :]
         if cfg.causal:
             mask = mask & (cols[None, :] <= rows_t[:, None])
+        if cfg.window is not None:
+            mask = mask & (cols[None, :] > rows_t[:, None] - cfg.window)
         mask = mask[None]  # [1, R, C]
         if segment_ids is not None:
             mask = mask & (q_seg[:, :, None] == seg_c[:, None, :])
@@ -269,9 +315,13 @@ def _backward_tpu(q, k, v, segment_ids, o, lse, do, cfg: _Config):
     bq, bk = fit_block(bs.block_q, R, "tpu"), fit_block(bs.block_k, S, "tpu")
     Rp, Sp = cdiv(R, bq) * bq, cdiv(S, bk) * bk
     q_seg, kv_seg, bounds = _segments_and_bounds(
-        segment_ids, B, R, Rp, S, Sp, G, bq, bk, cfg.causal
+        segment_ids, B, R, Rp, S, Sp, G, bq, bk, cfg.causal, cfg.window
     )
     delta = jnp.sum(_fold_q(o, Hkv).astype(jnp.float32) * _fold_q(do, Hkv), axis=-1)
+    steps = (
+        _q_steps(R, S, G, bq, bk, cfg.causal, cfg.window),
+        _kv_steps(R, S, G, bq, bk, cfg.causal, cfg.window),
+    )
     dqf, dkf, dvf = flash_bwd_tpu(
         bounds.reshape(-1),
         _transpose_bounds(bounds, Rp // bq, Sp // bk).reshape(-1),
@@ -286,10 +336,12 @@ def _backward_tpu(q, k, v, segment_ids, o, lse, do, cfg: _Config):
         sm_scale=cfg.sm_scale,
         causal=cfg.causal,
         use_segments=segment_ids is not None,
+        window=cfg.window,
         kv_len=S if Sp != S else None,
         group=G,
         block_q=bq,
         block_k=bk,
+        num_steps=steps,
         interpret=cfg.interpret,
     )
     unfold_kv = lambda x: x[:, :, :S].transpose(0, 2, 1, 3)
@@ -313,7 +365,7 @@ def _backward_gpu(q, k, v, segment_ids, o, lse, do, cfg: _Config):
         return _pad_axis(_pad_axis(x, 3, Gp, value), 2, Tp, value).reshape(B, Hkv, Tp * Gp)
 
     q_seg, kv_seg, bounds = _segments_and_bounds(
-        segment_ids, B, T * Gp, Tp * Gp, S, Sp, Gp, bq, bk, cfg.causal
+        segment_ids, B, T * Gp, Tp * Gp, S, Sp, Gp, bq, bk, cfg.causal, cfg.window
     )
     qbounds = _pad_axis(_transpose_bounds(bounds, nq, nk), 2, 4)
     lse_BTHq = lse.reshape(B, Hkv, T, G).transpose(0, 2, 1, 3).reshape(B, T, Hq)
@@ -332,6 +384,7 @@ def _backward_gpu(q, k, v, segment_ids, o, lse, do, cfg: _Config):
         sm_scale=cfg.sm_scale,
         causal=cfg.causal,
         use_segments=segment_ids is not None,
+        window=cfg.window,
         kv_len=S if Sp != S else None,
         block_q=bq,
         block_k=bk,
@@ -366,7 +419,8 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 @functools.partial(
-    jax.jit, static_argnames=("causal", "sm_scale", "block_sizes", "interpret", "backend")
+    jax.jit,
+    static_argnames=("causal", "sm_scale", "block_sizes", "interpret", "backend", "window"),
 )
 def flash_attention(
     q,
@@ -379,6 +433,7 @@ def flash_attention(
     block_sizes=None,
     interpret=False,
     backend=None,
+    window=None,
 ):
     """Flash attention. q [B, T, Hq, D], k/v [B, S, Hkv, D] -> [B, T, Hq, D] (q.dtype).
 
@@ -389,8 +444,12 @@ def flash_attention(
     are non-decreasing along the sequence (packed layout), otherwise conservative but exact.
     ``interpret``: False (compiled; on CPU, where nothing compiles, the GPU body interpreted);
     True (generic interpreter, GPU body on CPU); or ``pltpu.InterpretParams()`` (TPU interpreter,
-    TPU body). ``backend`` "tpu" | "gpu" forces a
-    body.
+    TPU body). ``backend`` "tpu" | "gpu" forces a body.
+    ``window`` (static int, needs ``causal``): a sliding window, query i sees only keys
+    i - window < j <= i, as transformers' sliding-window layers (Mistral, Gemma 2 / 3:
+    ``masking_utils.sliding_window_overlay``, kv_idx > q_idx - window, on top of the causal mask);
+    with segments, on top of them too. kv blocks wholly before a q block's window are skipped, so
+    the cost is O(T * window). ``None`` (default): no window, the programs of no-window attention.
     Differentiable (custom_vjp with Pallas backward kernels; see the module docstring).
     """
     B, T, Hq, D = q.shape
@@ -405,6 +464,11 @@ def flash_attention(
             f"segment_ids must be [B, T] = {(B, T)} with S == T; got "
             f"{segment_ids.shape}, S={k.shape[1]}"
         )
+    window = check_window(window)
+    if window is not None and not causal:
+        raise ValueError(
+            f"window={window} needs causal=True (sliding windows are causal), got causal={causal!r}"
+        )
     backend, interpret = resolve_backend(backend, interpret)
     cfg = _Config(
         causal=bool(causal),
@@ -412,5 +476,6 @@ def flash_attention(
         block_sizes=block_sizes or BlockSizes(),
         interpret=interpret,
         backend=backend,
+        window=window,
     )
     return _flash(q, k, v, segment_ids, cfg)

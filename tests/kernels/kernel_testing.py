@@ -12,3 +12,41 @@ def assert_close(actual, expected, dtype_name, tolerances=TOLERANCES):
     np.testing.assert_allclose(
         np.asarray(actual, np.float32), np.asarray(expected, np.float32), **tolerances[dtype_name]
     )
+
+
+def sliding_window_visible(q_positions, k_positions, window, segment_ids=None):
+    """[B, T, S] bool, element by element: key position k is visible to the query at position p
+    iff p - window < k <= p (transformers' sliding-window causal mask: kv_idx <= q_idx and
+    kv_idx > q_idx - window; window None: causal only) and, with segment ids [B, T] (T == S),
+    both carry the same id. q_positions [B, T], k_positions [S]."""
+    q_positions = np.asarray(q_positions)
+    B, T = q_positions.shape
+    visible = np.zeros((B, T, len(k_positions)), bool)
+    for b in range(B):
+        for i in range(T):
+            p = int(q_positions[b, i])
+            for j, kpos in enumerate(k_positions):
+                ok = kpos <= p and (window is None or kpos > p - window)
+                if segment_ids is not None:
+                    ok = ok and segment_ids[b, i] == segment_ids[b, j]
+                visible[b, i, j] = ok
+    return visible
+
+
+def attention_f64(q, k, v, visible, sm_scale=None):
+    """Float64 numpy attention: q [B, T, Hq, D], k/v [B, S, Hkv, D], visible [B, T, S]; query
+    head n uses kv head n // (Hq // Hkv); rows with no visible key give 0."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, T, Hq, D = q.shape
+    G = Hq // k.shape[2]
+    scale = D**-0.5 if sm_scale is None else sm_scale
+    out = np.zeros((B, T, Hq, D))
+    for b in range(B):
+        for n in range(Hq):
+            s = q[b, :, n] @ k[b, :, n // G].T * scale  # [T, S]
+            s = np.where(visible[b], s, -np.inf)
+            m = s.max(-1, keepdims=True)
+            p = np.where(visible[b], np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
+            denom = p.sum(-1, keepdims=True)
+            out[b, :, n] = (p / np.where(denom == 0, 1.0, denom)) @ v[b, :, n // G]
+    return out

@@ -6,11 +6,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_testing import GRAD_TOLERANCES, TOLERANCES, assert_close
+from kernel_testing import (
+    GRAD_TOLERANCES,
+    TOLERANCES,
+    assert_close,
+    attention_f64,
+    sliding_window_visible,
+)
 
 import jaxrl_kernels
 from jaxrl_kernels.flash_attention import BlockSizes, flash_attention_reference
-from jaxrl_kernels.flash_attention.ops import _block_bounds
+from jaxrl_kernels.flash_attention.ops import _block_bounds, _kv_steps, _q_steps
 
 SMALL = BlockSizes(block_q=32, block_k=16, bwd_chunk=16)
 
@@ -116,19 +122,126 @@ def test_cpu_default_interprets_the_gpu_body():
     assert_close(out, flash_attention_reference(q, k, v), "float32", TOLERANCES)
 
 
-def test_xla_backward_fallback_matches_reference():
+@pytest.mark.parametrize("window", [None, 5])
+def test_xla_backward_fallback_matches_reference(window):
     """BlockSizes(pallas_backward=False): the chunked XLA backward (fallback) is exact too."""
     q, k, v = _inputs(1, 20, 20, 4, 2, 32, jnp.float32, seed=4)
     seg = _packed_segments(1, 20, seed=4)
     bs = BlockSizes(block_q=16, block_k=16, pallas_backward=False, bwd_chunk=8)
     loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v) ** 2)
-    kernel = functools.partial(jaxrl_kernels.flash_attention, segment_ids=seg, block_sizes=bs)
+    kernel = functools.partial(
+        jaxrl_kernels.flash_attention, segment_ids=seg, block_sizes=bs, window=window
+    )
     got = jax.grad(
         loss(kernel),
         argnums=(0, 1, 2),
     )(q, k, v)
-    want = jax.grad(
-        loss(lambda q, k, v: flash_attention_reference(q, k, v, segment_ids=seg)), argnums=(0, 1, 2)
-    )(q, k, v)
+    reference = functools.partial(flash_attention_reference, segment_ids=seg, window=window)
+    want = jax.grad(loss(reference), argnums=(0, 1, 2))(q, k, v)
     for g, r in zip(got, want, strict=True):
         assert_close(g, r, "float32", GRAD_TOLERANCES)
+
+
+# Sliding windows. (G, Hkv, T, window, segments): T not a multiple of the blocks (q block 32
+# folded rows, kv block 16), windows not multiples of them, GQA (G = 3 not a power of two), packed
+# segments with padding; window = 1 (each query sees only itself) has its own test.
+WINDOW_CASES = [
+    (2, 2, 45, 7, True),
+    (3, 1, 37, 20, False),
+    (4, 1, 50, 17, True),
+    (1, 2, 100, 60, False),  # a q block with masked, unmasked, then masked kv blocks
+]
+
+
+@pytest.mark.parametrize("G,Hkv,T,window,segments", WINDOW_CASES)
+def test_window_forward_matches_float64(interpret, G, Hkv, T, window, segments):
+    B = 2
+    q, k, v = _inputs(B, T, T, G * Hkv, Hkv, 32, jnp.float32, seed=5)
+    seg = _packed_segments(B, T, seed=5) if segments else None
+    out = jaxrl_kernels.flash_attention(
+        q, k, v, segment_ids=seg, window=window, block_sizes=SMALL, interpret=interpret
+    )
+    pos = np.broadcast_to(np.arange(T), (B, T))
+    visible = sliding_window_visible(
+        pos, np.arange(T), window, None if seg is None else np.asarray(seg)
+    )
+    want = attention_f64(q, k, v, visible)
+    assert_close(out, want, "float32", TOLERANCES)
+    # The jnp reference (what the model's tests use) agrees with the float64 one.
+    ref = flash_attention_reference(q, k, v, segment_ids=seg, window=window)
+    assert_close(ref, want, "float32", TOLERANCES)
+
+
+def test_window_one_sees_only_itself(interpret):
+    """window = 1: every query attends to its own key only, so the output is its own value."""
+    B, T, G, Hkv = 2, 21, 2, 2
+    q, k, v = _inputs(B, T, T, G * Hkv, Hkv, 32, jnp.float32, seed=6)
+    out = jaxrl_kernels.flash_attention(q, k, v, window=1, block_sizes=SMALL, interpret=interpret)
+    np.testing.assert_allclose(out, jnp.repeat(v, G, axis=2), atol=1e-6, rtol=0)
+
+
+def test_window_at_least_length_is_no_window(interpret):
+    B, T = 1, 40
+    q, k, v = _inputs(B, T, T, 4, 2, 32, jnp.float32, seed=7)
+    seg = _packed_segments(B, T, seed=7)
+    run = functools.partial(
+        jaxrl_kernels.flash_attention, segment_ids=seg, block_sizes=SMALL, interpret=interpret
+    )
+    plain = run(q, k, v)
+    for window in (T, T + 13):
+        np.testing.assert_allclose(run(q, k, v, window=window), plain, atol=1e-6, rtol=0)
+
+
+def test_window_gradient_matches_reference(interpret):
+    B, T, G, Hkv, window = 2, 37, 3, 1, 9
+    q, k, v = _inputs(B, T, T, G * Hkv, Hkv, 32, jnp.float32, seed=8)
+    w = jax.random.normal(jax.random.key(9), q.shape, jnp.float32)
+    seg = _packed_segments(B, T, seed=8)
+    loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v) * w)
+    kernel = functools.partial(
+        jaxrl_kernels.flash_attention,
+        segment_ids=seg,
+        window=window,
+        block_sizes=SMALL,
+        interpret=interpret,
+    )
+    reference = functools.partial(flash_attention_reference, segment_ids=seg, window=window)
+    got = jax.grad(loss(kernel), argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(loss(reference), argnums=(0, 1, 2))(q, k, v)
+    for g, r in zip(got, want, strict=True):
+        assert_close(g, r, "float32", GRAD_TOLERANCES)
+
+
+def test_window_skips_blocks_before_it():
+    # T = 64, G = 1, blocks of 16, window 16: q block i (queries 16i..16i+15) sees keys from
+    # 16i - 15 on, so it starts at kv block i - 1 and needs 2 kv blocks, not i + 1.
+    b = np.asarray(_block_bounds(1, 64, 64, 1, 16, 16, True, None, None, 16))[0]
+    np.testing.assert_array_equal(b[:, 0], [0, 0, 1, 2])  # lo
+    np.testing.assert_array_equal(b[:, 2], [1, 2, 3, 4])  # hi
+    assert _kv_steps(64, 64, 1, 16, 16, True, 16) == 2  # TPU kv grid: 2 steps, not 4
+    assert _q_steps(64, 64, 1, 16, 16, True, 16) == 2  # kv block j is seen by q blocks j, j + 1
+    # Window 20 (not a block multiple): query 48 sees keys from 29 on (kv block 1).
+    b = np.asarray(_block_bounds(1, 64, 64, 1, 16, 16, True, None, None, 20))[0]
+    np.testing.assert_array_equal(b[:, 0], [0, 0, 0, 1])
+    # With segments the later of the two starts wins: document 2 starts at 32.
+    seg = jnp.asarray([[1] * 32 + [2] * 32], jnp.int32)
+    b = np.asarray(_block_bounds(1, 64, 64, 1, 16, 16, True, seg, seg, 20))[0]
+    np.testing.assert_array_equal(b[:, 0], [0, 0, 2, 2])
+    # GQA (G = 4): q block of 16 folded rows = 4 tokens; tokens 60..63 with window 8 see 53..63.
+    b = np.asarray(_block_bounds(1, 64 * 4, 64, 4, 16, 16, True, None, None, 8))[0]
+    assert b[-1, 0] == 3 and b[-1, 2] == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(window=0), "window must be a positive int or None, got 0"),
+        (dict(window=2.5), "got 2.5"),
+        (dict(window=True), "got True"),
+        (dict(window=4, causal=False), "window=4 needs causal=True"),
+    ],
+)
+def test_window_rejects_bad_values(kwargs, match):
+    q, k, v = _inputs(1, 8, 8, 2, 2, 16, jnp.float32)
+    with pytest.raises(ValueError, match=match):
+        jaxrl_kernels.flash_attention(q, k, v, interpret=True, **kwargs)

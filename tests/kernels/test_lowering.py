@@ -20,6 +20,7 @@ from jaxrl_kernels.paged_decode_attention.kernel_gpu import paged_decode_gpu
 
 PLATFORMS = {"gpu": ("cuda", "__gpu$xla.gpu.triton"), "tpu": ("tpu", "tpu_custom_call")}
 B, T, HQ, HKV, D, S = 2, 1000, 32, 8, 128, 4000
+WINDOW = 300  # a sliding window that is not a multiple of any block
 BF16 = jnp.bfloat16
 
 
@@ -46,23 +47,26 @@ def _lower(backend, fn, *args):
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
-@pytest.mark.parametrize("causal,segments", [(True, False), (True, True), (False, False)])
-def test_flash_attention_lowers(backend, causal, segments):
+@pytest.mark.parametrize(
+    "causal,segments,window",
+    [(True, False, None), (True, True, None), (False, False, None), (True, True, WINDOW)],
+)
+def test_flash_attention_lowers(backend, causal, segments, window):
     q = jax.ShapeDtypeStruct((B, T, HQ, D), BF16)
     kv = jax.ShapeDtypeStruct((B, T, HKV, D), BF16)
     seg = jax.ShapeDtypeStruct((B, T), jnp.int32) if segments else None
-    cfg = flash_ops._Config(causal, D**-0.5, flash_ops.BlockSizes(), False, backend)
+    cfg = flash_ops._Config(causal, D**-0.5, flash_ops.BlockSizes(), False, backend, window)
     _lower(backend, lambda q, k, v, s: flash_ops._forward(q, k, v, s, cfg), q, kv, kv, seg)
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
-@pytest.mark.parametrize("segments", [False, True])
-def test_flash_attention_backward_lowers(backend, segments):
+@pytest.mark.parametrize("segments,window", [(False, None), (True, None), (True, WINDOW)])
+def test_flash_attention_backward_lowers(backend, segments, window):
     q = jax.ShapeDtypeStruct((B, T, HQ, D), BF16)
     kv = jax.ShapeDtypeStruct((B, T, HKV, D), BF16)
     seg = jax.ShapeDtypeStruct((B, T), jnp.int32) if segments else None
     lse = jax.ShapeDtypeStruct((B, HKV, T * HQ // HKV), jnp.float32)
-    cfg = flash_ops._Config(True, D**-0.5, flash_ops.BlockSizes(), False, backend)
+    cfg = flash_ops._Config(True, D**-0.5, flash_ops.BlockSizes(), False, backend, window)
     backward = flash_ops._backward_gpu if backend == "gpu" else flash_ops._backward_tpu
 
     def fn(q, k, v, s, o, lse, do):
