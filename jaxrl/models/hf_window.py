@@ -106,8 +106,10 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         raise CheckpointError(f"a {cfg.architecture} checkpoint has one rope base; "
                               f"rope_local_theta={cfg.rope_local_theta} needs gemma3")
     if cfg.architecture in GEMMA_ARCHITECTURES:
+        scalar = cfg.query_pre_attn_scalar or cfg.head_size
         out.update(hidden_activation=GELU_TANH[0], attention_bias=False,
-                   query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_size,
+                   # an int where it is one: transformers 5's strict config takes only ints
+                   query_pre_attn_scalar=int(scalar) if float(scalar).is_integer() else scalar,
                    attn_logit_softcapping=cfg.attn_logit_softcap,
                    final_logit_softcapping=cfg.final_logit_softcap)
         if cfg.architecture == "gemma2" and cfg.qk_norm:

@@ -64,10 +64,11 @@ def _layer(layer, xp_GPE, xs_BSE, rope_p, rope_s, seg_p_GP, seg_s_BS, prefix_mas
     hp, hs = layer.attn_in(xp_GPE), layer.attn_in(xs_BSE)
     qp, kp, vp = attn._qkv(hp, layer_rope(rope_p, attn.window))
     qs, ks, vs = attn._qkv(hs, layer_rope(rope_s, attn.window))
+    options = dict(attn.options)
     out_p = attention(qp, kp, vp, segment_ids_BT=seg_p_GP, impl=attn.cfg.attention_impl,
-                      **attn.options)
+                      **options)
     out_s = prefix_attention(qs, ks, vs, kp, vp, seg_s_BS, prefix_mask_GP, group_B,
-                             positions_BS=pos_s_BS, prefix_positions_GP=pos_p_GP, **attn.options)
+                             positions_BS=pos_s_BS, prefix_positions_GP=pos_p_GP, **options)
     xp_GPE = xp_GPE + layer.attn_out(attn._out(out_p, hp.dtype))
     xs_BSE = xs_BSE + layer.attn_out(attn._out(out_s, hs.dtype))
     return layer._mlp(xp_GPE, None)[0], layer._mlp(xs_BSE, None)[0]

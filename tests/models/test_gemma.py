@@ -1,0 +1,270 @@
+"""Gemma 2, Gemma 3, OLMo 3 and Mistral with sequences past their sliding window, against
+`transformers` on tiny random models (`windowed_models.py`: window 8, sequences to ~3x it): logits
+on a padded batch, greedy generation through the engine, sampled logprobs against a
+teacher-forced forward, export, PEFT adapters both ways, the shared-prompt forward and the 8-bit
+generators."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import peft
+import pytest
+import torch
+import transformers
+from flax import nnx
+from windowed_models import WINDOW, make_windowed_hf
+
+from jaxrl.config import ConfigError, ModelConfig
+from jaxrl.models import load_pretrained, save_pretrained
+from jaxrl.models.attention import attention, cached_attention
+from jaxrl.models.hf import config_from_hf, save_adapter
+
+TOL = 1e-4  # f32 logits, max abs difference
+T = 3 * WINDOW
+
+
+def _padded_batch():
+    rng = np.random.RandomState(0)
+    tokens = rng.randint(0, 96, (3, T))
+    mask = np.array([[1] * T, [1] * 17 + [0] * (T - 17), [1] * 5 + [0] * (T - 5)])
+    positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
+    return tokens, mask, positions
+
+
+def _torch_logits(model, batch):
+    tokens, mask, positions = batch
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
+                     position_ids=torch.tensor(positions)).logits.numpy()
+
+
+def _ours(model, batch):
+    tokens, mask, positions = map(jnp.asarray, batch)
+    return np.asarray(model(tokens, positions, mask))
+
+
+def _close(ours, ref, batch):
+    valid = batch[1].astype(bool)
+    assert np.abs(ref[valid]).max() > 1.0  # not between near-zero logits
+    np.testing.assert_allclose(ours[valid], ref[valid], atol=TOL, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """arch -> (HF model, its saved directory), built once per module."""
+    out = {}
+    for arch in ("gemma2", "gemma3", "olmo3", "mistral"):
+        path = tmp_path_factory.mktemp(arch)
+        out[arch] = (make_windowed_hf(arch, path, seed=1), path)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "olmo3", "mistral"])
+def test_logits_match_transformers_past_the_window(arch, saved):
+    hf, path = saved[arch]
+    cfg, model = load_pretrained(path)
+    assert cfg.architecture == arch and cfg.sliding_window == WINDOW
+    assert cfg.max_position_embeddings == 256  # the window no longer caps the positions
+    batch = _padded_batch()
+    ref = _torch_logits(hf, batch)
+    _close(_ours(model, batch), ref, batch)
+    # the window matters: the same weights with a window longer than the batch (the same
+    # layers, rope bases) differ past the window, not within it
+    full = load_pretrained(path, sliding_window=1000)[1]
+    diff = np.abs(_ours(full, batch)[0] - ref[0]).max(axis=-1)
+    assert diff[:WINDOW].max() < TOL and diff[WINDOW:].max() > 0.01
+
+
+def test_the_layer_pattern_and_rope_bases_read_from_every_config_form():
+    base = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8)
+    # Gemma 3 as the Hub's 1B config.json has it: sliding_window_pattern and legacy rope keys
+    g3 = config_from_hf(dict(base, architectures=["Gemma3ForCausalLM"], sliding_window_pattern=3,
+                             rope_theta=1e6, rope_local_base_freq=1e4))
+    assert g3.layer_types == ("sliding_attention", "sliding_attention", "full_attention") * 2
+    assert (g3.rope_theta, g3.rope_local_theta) == (1e6, 1e4) and g3.qk_norm
+    assert g3.tie_embeddings and g3.query_pre_attn_scalar == 16  # Gemma's defaults
+    g2 = config_from_hf(dict(base, architectures=["Gemma2ForCausalLM"],
+                             final_logit_softcapping=30.0, attn_logit_softcapping=50.0))
+    assert g2.layer_types == ("sliding_attention", "full_attention") * 3
+    assert (g2.attn_logit_softcap, g2.final_logit_softcap, g2.rope_local_theta) == (50, 30, None)
+    mistral = config_from_hf(dict(base, architectures=["MistralForCausalLM"]))
+    assert mistral.layer_types == () and [mistral.layer_window(i) for i in range(6)] == [8] * 6
+    with pytest.raises(Exception, match="hidden_activation 'gelu' is not supported"):
+        config_from_hf(dict(base, architectures=["Gemma2ForCausalLM"], hidden_activation="gelu"))
+    with pytest.raises(ConfigError, match=r"layer_types must be empty or one of"):
+        ModelConfig(num_layers=2, sliding_window=4, layer_types=("sliding_attention",))
+    with pytest.raises(ConfigError, match="sliding_window is None"):
+        ModelConfig(num_layers=1, layer_types=("sliding_attention",))
+
+
+def test_window_mask_is_transformers_boundary_in_every_attention_path():
+    """A query at position p sees keys at p - window + 1 .. p (transformers'
+    `sliding_window_overlay`: kv_idx > q_idx - window): checked against a float64 numpy
+    reference in the self-attention, the cached (decode) path and with soft-capping."""
+    rng = np.random.default_rng(0)
+    b, t, h, k, d, w, cap = 2, 13, 4, 2, 8, 5, 2.0
+    q, kk, v = (rng.normal(size=(b, t, n, d)) for n in (h, k, k))
+    qp, kp = np.arange(t)[:, None], np.arange(t)[None, :]
+    allowed = (kp <= qp) & (kp > qp - w)
+    assert allowed[6].tolist() == [False] * 2 + [True] * 5 + [False] * 6  # keys 2..6
+    scores = np.einsum("bthd,bshd->bhts", q, np.repeat(kk, h // k, axis=2)) / np.sqrt(d)
+    scores = cap * np.tanh(scores / cap)
+    scores = np.where(allowed, scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = np.einsum("bhts,bshd->bthd", p / p.sum(-1, keepdims=True),
+                     np.repeat(v, h // k, axis=2))
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    got = attention(f32(q), f32(kk), f32(v), window=w, softcap=cap)
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    # the last 3 queries against a cache of all 13 entries
+    pos = jnp.broadcast_to(jnp.arange(t - 3, t), (b, 3))
+    for heads_major in (False, True):
+        kc, vc = f32(kk), f32(v)
+        if heads_major:
+            kc, vc = kc.transpose(0, 2, 3, 1), vc.transpose(0, 2, 1, 3)
+        got = cached_attention(f32(q[:, -3:]), kc, vc, pos, jnp.full((b,), t), window=w,
+                               softcap=cap, heads_major=heads_major)
+        np.testing.assert_allclose(np.asarray(got), want[:, -3:], atol=1e-5)
+
+
+@nnx.jit
+def _forward(model, seq_1T):
+    return model(seq_1T)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "mistral"])
+def test_generation_past_the_window_equals_transformers(arch, saved):
+    """Greedy tokens equal `transformers.generate` on ragged prompts, and sampled tokens'
+    behaviour logprobs equal a teacher-forced forward, the decode running to 3x the window."""
+    from jaxrl.generate import JaxEngine, SamplingParams, sample
+
+    hf, path = saved[arch]
+    _, model = load_pretrained(path)
+    engine = JaxEngine(model, num_slots=4, max_len=32, chunk_steps=4)
+    prompts, new = [[5, 17, 3], list(range(1, 12))], 2 * WINDOW
+    got = sample(engine, prompts, SamplingParams(max_tokens=new, temperature=0.0))
+    for prompt, c in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)),
+                              max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                              pad_token_id=0)
+        assert c.tokens == out[0, len(prompt):].tolist(), f"prompt of length {len(prompt)}"
+    drawn = sample(engine, prompts, SamplingParams(max_tokens=new, temperature=1.0, seed=3))
+    for prompt, c in zip(prompts, drawn, strict=True):
+        seq = np.zeros((1, 32), np.int32)
+        seq[0, :len(prompt) + new] = prompt + c.tokens
+        logp = jax.nn.log_softmax(_forward(model, jnp.asarray(seq)), axis=-1)
+        pos = np.arange(len(prompt) - 1, len(prompt) - 1 + new)
+        ref = np.asarray(logp)[pos, np.asarray(c.tokens)]
+        np.testing.assert_allclose(c.logprobs, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "olmo3"])
+def test_export_loads_back_in_transformers_with_equal_logits(arch, saved, tmp_path):
+    _, path = saved[arch]
+    cfg, model = load_pretrained(path)
+    save_pretrained(model, cfg, tmp_path)
+    back = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), attn_implementation="eager").float().eval()
+    assert type(back).__name__ == json.loads((path / "config.json").read_text())[
+        "architectures"][0]
+    assert load_pretrained(tmp_path)[0] == cfg  # and back into the same config
+    batch = _padded_batch()
+    _close(_ours(model, batch), _torch_logits(back, batch), batch)
+
+
+def _random_adapters(model, seed):
+    state = nnx.state(model)
+    flat = dict(state.flat_state())
+    keys = iter(jax.random.split(jax.random.key(seed), len(flat)))
+    for path, var in flat.items():
+        if "lora" in str(path[-1]):
+            var.set_value(0.3 * jax.random.normal(next(keys), var.get_value().shape))
+    nnx.update(model, state)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_peft_adapters_both_ways(arch, saved, tmp_path):
+    """A PEFT adapter loads with PEFT's logits, and one jaxrl writes loads in PEFT with ours."""
+    hf, path = saved[arch]
+    batch = _padded_batch()
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    pm = peft.get_peft_model(hf, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                                                 init_lora_weights=False))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.3 * torch.randn_like(p))
+    pm.save_pretrained(str(tmp_path / "theirs"))
+    ref = _torch_logits(pm.eval(), batch)
+    pm.unload()  # the base model back without adapters
+    cfg, model = load_pretrained(path, adapter=tmp_path / "theirs")
+    assert cfg.lora.rank == 4
+    _close(_ours(model, batch), ref, batch)
+    _random_adapters(model, seed=1)
+    save_adapter(model, tmp_path / "ours")
+    back = peft.PeftModel.from_pretrained(make_windowed_hf(arch, seed=1),
+                                          str(tmp_path / "ours")).eval()
+    _close(_ours(model, batch), _torch_logits(back, batch), batch)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "w8a8"])
+def test_8bit_generator_of_gemma_is_the_model_of_its_dequantized_weights(fmt, saved):
+    """The int8 copy's logits are those of the f32 model holding the dequantized weights (the
+    GeGLU MLP and sandwich norms around 8-bit projections); w8a8 adds the activations' rounding."""
+    import copy
+
+    from jaxrl.models import quant
+
+    _, path = saved["gemma2"]
+    _, model = load_pretrained(path)
+    q_model = quant.quantized_copy(model, fmt)
+    deq = copy.deepcopy(model)
+    for layer, q_layer in zip(deq.layers, q_model.layers, strict=True):
+        for mod, q_mod in ((layer.attn, q_layer.attn), (layer.mlp, q_layer.mlp)):
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                         "down_proj"):
+                if hasattr(mod, name):
+                    w = quant.dequantize(getattr(q_mod, name)[...],
+                                         getattr(q_mod, f"{name}_scale")[...])
+                    getattr(mod, name).set_value(w)
+    batch = _padded_batch()
+    valid = batch[1].astype(bool)
+    got, want = _ours(q_model, batch)[valid], _ours(deq, batch)[valid]
+    # w8a8: per-token int8 activations, measured ~0.05 on these logits (soft-capped at 3)
+    np.testing.assert_allclose(got, want, atol=TOL if fmt == "int8" else 0.2, rtol=0)
+    assert np.abs(want - _ours(model, batch)[valid]).max() > TOL  # the weights were rounded
+
+
+def test_shared_prompt_logprobs_equal_the_full_forward_past_the_window(saved):
+    """The shared-prompt train forward (prompts 10 and 12 tokens, windows of 8) and the chunked,
+    soft-capped log-prob pass equal the plain forward's log-probs."""
+    from jaxrl.train.batch import make_batch
+    from jaxrl.train.logprobs import full_logprobs_reference, shared_logprobs
+    from jaxrl.train.prefix import plan_prefix_layout
+
+    _, model = load_pretrained(saved["gemma2"][1])
+    rng = np.random.default_rng(0)
+    rows, segs, masks, gids = [], [], [], []
+    for g, p in enumerate((10, 12)):
+        prompt = rng.integers(0, 96, p)
+        for length in (p + 5, T, p + 9):
+            rows.append(np.concatenate([prompt, rng.integers(0, 96, T - p)]))
+            segs.append((np.arange(T) < length).astype(np.int32))
+            masks.append(((np.arange(T) >= p) & (np.arange(T) < length)).astype(np.float32))
+            gids.append(g)
+    batch = make_batch(np.stack(rows), np.stack(masks), np.zeros(6), np.asarray(gids),
+                       segment_ids=np.stack(segs))
+    planned = plan_prefix_layout(batch, 1, min_len=8)
+    assert planned is not None and planned.computed_tokens < planned.batch_tokens
+    want = np.asarray(full_logprobs_reference(model, planned.batch))
+    lay = jax.tree.map(np.asarray, planned.layout)
+    got, _ = jax.jit(lambda m, b, l: shared_logprobs(m, b, l.whole(), chunk=8))(
+        model, planned.batch, lay)
+    mask = np.asarray(planned.batch.loss_mask) > 0
+    np.testing.assert_allclose(np.asarray(got)[mask], want[mask], rtol=1e-5, atol=1e-5)
