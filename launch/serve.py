@@ -1,6 +1,7 @@
 """Serve a base model over the Tinker protocol: `python launch/serve.py --base-model DIR_OR_ID
 [--host 127.0.0.1] [--port 8000] [--api-key tml-... | --api-keys FILE] [--full-params]
-[--state-dir DIR]`.
+[--state-dir DIR] [--max-request-mb 32] [--max-num-samples 256] [--max-sample-tokens N]
+[--max-lora-rank 128]`.
 
 Scripts written against the `tinker` SDK then use `tinker.ServiceClient(base_url=URL,
 api_key=KEY)`; see docs/service.md. Needs the `service` extra (`pip install 'jaxrl[service]'`).
@@ -34,6 +35,18 @@ def parse(argv):
     p.add_argument("--num-slots", type=int, default=8, help="concurrent samples per engine")
     p.add_argument("--max-batch-tokens", type=int, default=65536,
                    help="largest forward_backward request (tokens); larger ones are refused")
+    limits = p.add_argument_group("limits", "checked when a request arrives, before any model "
+                                  "work; a request over one is refused (HTTP 400) naming it")
+    limits.add_argument("--max-request-mb", type=float, default=32,
+                        help="largest request body (MiB); refused from its Content-Length, "
+                             "before it is read (default 32)")
+    limits.add_argument("--max-num-samples", type=int, default=256,
+                        help="num_samples of one sample request (default 256)")
+    limits.add_argument("--max-sample-tokens", type=int, default=None,
+                        help="max_tokens of one sample (default: --max-len; prompt + max_tokens "
+                             "must fit --max-len in any case)")
+    limits.add_argument("--max-lora-rank", type=int, default=128,
+                        help="LoRA rank of a training client (default 128)")
     p.add_argument("--state-dir", default=None,
                    help="where saved weights and sampling sessions are written, so they survive "
                         "a restart (default: $XDG_STATE_HOME/jaxrl/service or "
@@ -44,8 +57,11 @@ def parse(argv):
         args.state_dir = os.path.join(base, "jaxrl", "service")
     if not 0 <= args.port < 65536:
         p.error(f"--port must be in 0..65535, got {args.port}")
-    for name in ("max_len", "num_slots", "max_batch_tokens"):
-        if getattr(args, name) < 1:
+    if not args.max_request_mb > 0:
+        p.error(f"--max-request-mb must be > 0, got {args.max_request_mb}")
+    for name in ("max_len", "num_slots", "max_batch_tokens", "max_num_samples",
+                 "max_sample_tokens", "max_lora_rank"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     args.keys = [args.api_key] if args.api_key else []
     if args.api_keys is not None:
@@ -82,6 +98,7 @@ def main(argv) -> int:
         return 2
     from jaxrl.config import ConfigError
     from jaxrl.service.backend import Backend
+    from jaxrl.service.limits import MB, Limits
     from jaxrl.service.server import Service, serve
 
     try:
@@ -91,8 +108,11 @@ def main(argv) -> int:
         where = "" if args.base_model in str(e) else f"--base-model {args.base_model}: "
         print(f"error: {where}{e}", file=sys.stderr)
         return 2
-    serve(Service(backend, api_keys=args.keys, full_params=args.full_params), args.host,
-          args.port)
+    limits = Limits(max_body_bytes=int(args.max_request_mb * MB),
+                    max_num_samples=args.max_num_samples,
+                    max_sample_tokens=args.max_sample_tokens, max_lora_rank=args.max_lora_rank)
+    serve(Service(backend, api_keys=args.keys, full_params=args.full_params, limits=limits),
+          args.host, args.port)
     return 0
 
 

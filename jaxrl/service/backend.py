@@ -115,7 +115,7 @@ class Backend:
         self.models: dict[str, TrainingModel] = {}
         self.snapshots: dict[str, Snapshot] = {}
         self._engines: dict = {}
-        self._multi: dict = {}  # LoRA layout -> (MultiLoraEngine, ids of the snapshots it holds)
+        self._multi: dict = {}  # LoRA layout -> (MultiLoraEngine, ids of its snapshots, weights)
         self.max_adapters = max_adapters
         self.sample_runs = self.sampled_requests = 0  # scheduler runs, the requests they served
         self._ids = itertools.count()
@@ -414,11 +414,21 @@ class Backend:
 
     def sample_many(self, items: list[tuple]) -> list:
         """Each `(snapshot, prompt, params[, stop])`'s completions (ordered by sample index), or
-        the `UserError` that rejects it. `stop`: stop strings (`stop_text`). Items of one
+        the `UserError` that rejects it: `sample_steps` run to its end."""
+        results: list = [None] * len(items)
+        for done in self.sample_steps(items):
+            for i, result in done.items():
+                results[i] = result
+        return results
+
+    def sample_steps(self, items: list[tuple]):
+        """`sample_many` one decode chunk at a time: a generator that yields, after each chunk,
+        `{index: completions or UserError}` of the items it finished (the server's worker runs
+        other requests between chunks). `stop`: stop strings (`stop_text`). Items of one
         snapshot share one scheduler run on that snapshot's engine; of several snapshots (equal
         `sample_key`s), one run of a `MultiLoraEngine` per `max_adapters` of them, each request
-        on its own adapter."""
-        results: list = [None] * len(items)
+        on its own adapter. Other runs may use the engine between two chunks: its weights are
+        put back before each chunk."""
         snaps = list({id(item[0]): item[0] for item in items}.values())
         if len(snaps) > 1 and len({self.sample_key(s) for s in snaps}) != 1:
             raise ValueError("sample_many needs snapshots of one sample_key")
@@ -426,8 +436,8 @@ class Backend:
             group = snaps[g:g + self.max_adapters]
             index = {id(s): j for j, s in enumerate(group)}
             engine = self.engine(group[0]) if len(group) == 1 else self._multi_engine(group)
-            scheduler = Scheduler(engine)
-            rid = {}
+            weights, scheduler = engine.params, Scheduler(engine)
+            rid, rejected, got = {}, {}, {}
             for i, (snap, prompt, params, *stop) in enumerate(items):
                 if id(snap) not in index:
                     continue
@@ -435,16 +445,22 @@ class Backend:
                 try:
                     kw["stop_text"] = self.stop_text(stop[0] if stop else ())
                     rid[scheduler.submit(prompt, params, **kw)] = i
-                    results[i] = []
+                    got[i] = []
                 except ValueError as e:  # the engine's checks: prompt, ids, KV cache room
-                    results[i] = UserError(str(e))
-            for c in scheduler.run():
-                results[rid[c.request_id]].append(c)
-            for i in rid.values():
-                results[i].sort(key=lambda c: c.sample_index)
+                    rejected[i] = UserError(str(e))
             self.sample_runs += 1
             self.sampled_requests += len(rid)
-        return results
+            if rejected:
+                yield rejected
+            while scheduler.has_work():
+                engine.params = weights  # another run may have swapped its own in
+                done = {}
+                for c in scheduler.step():
+                    i = rid[c.request_id]
+                    got[i].append(c)
+                    if len(got[i]) == items[i][2].n:
+                        done[i] = sorted(got[i], key=lambda c: c.sample_index)
+                yield done
 
     def stop_text(self, strings: tuple[str, ...]) -> StopText | None:
         """Stop strings as the scheduler's host-side check on decoded text (None: no strings).
@@ -467,12 +483,12 @@ class Backend:
             engine = MultiLoraEngine(model, max_adapters=self.max_adapters,
                                      num_slots=self.num_slots, max_len=self.max_len,
                                      eos_ids=self.eos_ids)
-            self._multi[key] = (engine, None)
-        engine, held = self._multi[key]
+            self._multi[key] = (engine, None, None)
+        engine, held, weights = self._multi[key]
         ids = tuple(id(s) for s in snaps)
-        if held != ids:
+        if held != ids or engine.params is not weights:  # (a stepped run may have swapped)
             engine.set_adapters(self.base, [s.adapters for s in snaps])
-            self._multi[key] = (engine, ids)
+            self._multi[key] = (engine, ids, engine.params)
         return engine
 
     def prompt_logprobs(self, snap: Snapshot | None, prompt: list[int]) -> np.ndarray:

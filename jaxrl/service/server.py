@@ -5,11 +5,13 @@ future id at once (`{"request_id": ...}`); the client then polls `/api/v1/retrie
 which this server holds open up to `POLL_S` seconds and answers with the result, `{"type":
 "try_again"}` (still running: the client polls again) or `{"error", "category"}` (the SDK raises
 `RequestFailedError`). Forward/backward bodies and results, and sample results, are protobuf
-(`wire.py`); the rest is JSON. All model work runs on one worker thread in submission order, so
-one client's `forward_backward` -> `optim_step` -> `save` sequence applies in the order sent.
+(`wire.py`); the rest is JSON. All model work runs on one worker thread (`worker.py`), taking
+turns fairly between API keys; one client's `forward_backward` -> `optim_step` -> `save`
+sequence applies in the order sent. A sampling request can be cancelled (`cancel_future`).
 
-A request that is wrong on its face (unknown model or weights, unknown loss, wrong shapes, an
-oversize batch) is refused before it is queued with HTTP 400/404 and `{"error": ...}`: the SDK
+A request that is wrong on its face (unknown model or weights, unknown loss, wrong shapes, over
+a limit of `limits.py`, a body that is not a JSON object) is refused before it is queued with
+HTTP 400/404 and `{"error": ...}`: the SDK
 raises `tinker.BadRequestError` / `tinker.NotFoundError` with that message, and the server goes
 on serving.
 
@@ -29,7 +31,6 @@ import collections
 import hashlib
 import itertools
 import logging
-import os
 import re
 import threading
 import traceback
@@ -37,8 +38,8 @@ import uuid
 
 from aiohttp import web
 
-from jaxrl.generate.sampling import SamplingParams
 from jaxrl.service.backend import Backend, NotFound, UserError, lora_config
+from jaxrl.service.limits import Limits, SampleRequest, json_object
 from jaxrl.service.store import BadPath, check_model_id, check_name, parse_path
 from jaxrl.service.wire import (
     WireError,
@@ -46,7 +47,7 @@ from jaxrl.service.wire import (
     encode_sample_response,
     parse_forward_backward,
 )
-from jaxrl.service.worker import Worker
+from jaxrl.service.worker import Cancelled, Worker
 
 log = logging.getLogger("jaxrl.service")
 POLL_S = 30.0  # how long retrieve_future waits before answering try_again
@@ -64,18 +65,19 @@ class Service:
     """Routes + futures over a `Backend`; `app()` is the aiohttp application.
 
     `api_key` / `api_keys`: the accepted keys, each its own owner (none: no check, one owner).
-    `full_params`: every training client trains all base parameters (one owner only)."""
+    `full_params`: every training client trains all base parameters (one owner only).
+    `limits`: what one request may ask (`jaxrl.service.limits`)."""
 
     def __init__(self, backend: Backend, api_key: str | None = None, *, api_keys=(),
-                 full_params: bool = False):
-        self.backend = backend
+                 full_params: bool = False, limits: Limits | None = None):
+        self.backend, self.limits = backend, limits or Limits()
         self.keys = {k: owner_of(k) for k in ([api_key] if api_key else []) + list(api_keys)}
         if full_params and len(self.keys) > 1:
             raise ValueError(f"full-parameter mode serves a single owner; got {len(self.keys)} "
                              "API keys")
         self.full_params = full_params
         self.worker = Worker()  # batches queued forward_backward / sample requests of any clients
-        # request id -> (future, owner)
+        # request id -> (future, owner, cancellable)
         self.futures: collections.OrderedDict[str, tuple] = collections.OrderedDict()
         self.sessions: dict[str, str | None] = {}  # session id -> owner
         self.samplers: dict[str, tuple] = {}  # session -> (weights path or None: base, owner)
@@ -85,13 +87,16 @@ class Service:
     # ----------------------------------------------------------------------------- plumbing
 
     def submit(self, request, fn, *args, model_id: str | None = None, key=None,
-               **extra) -> web.Response:
+               cancellable: bool = False, **extra) -> web.Response:
         """Queue `fn(*args)`; with a batch `key`, `fn([arg, ...])` of all queued jobs of that key
-        (`Worker.submit_many`). `model_id` is the job's lane: one client's jobs keep their order."""
+        (`Worker.submit_many`). `model_id` is the job's lane: one client's jobs keep their order.
+        The job's tenant, served fairly against the others, is the request's key."""
         request_id = f"req-{self.backend.epoch}-{next(self._ids)}"
-        job = (self.worker.submit(fn, *args, lane=model_id) if key is None
-               else self.worker.submit_many(fn, args[0], key, lane=model_id))
-        self.futures[request_id] = (job, self._owner(request))
+        key_sent = request.headers.get("X-API-Key")
+        tenant = None if key_sent is None else owner_of(key_sent)
+        job = (self.worker.submit(fn, *args, lane=model_id, tenant=tenant) if key is None
+               else self.worker.submit_many(fn, args[0], key, lane=model_id, tenant=tenant))
+        self.futures[request_id] = (job, self._owner(request), cancellable)
         while len(self.futures) > KEEP_FUTURES:
             self.futures.popitem(last=False)
         return web.json_response({"request_id": request_id, "model_id": model_id, **extra})
@@ -138,16 +143,27 @@ class Service:
         if self.keys and request.headers.get("X-API-Key") not in self.keys:
             return web.json_response({"error": "missing or unknown X-API-Key"}, status=401)
         try:
+            # a body over the limit is refused from its Content-Length, before it is read
+            self.limits.check_body_size(request.content_length)
             return await handler(request)
         except NotFound as e:
             return web.json_response({"error": str(e)}, status=404)
+        except web.HTTPRequestEntityTooLarge:  # no Content-Length: found while reading
+            return web.json_response({"error": self.limits.too_large("the request body")},
+                                     status=400)
         except (UserError, WireError, KeyError, TypeError, ValueError) as e:
             msg = f"missing field {e}" if isinstance(e, KeyError) else str(e)
             return web.json_response({"error": msg}, status=400)
+        except web.HTTPException:
+            raise
+        except Exception as e:  # noqa: BLE001 - one line to the client, the traceback logged
+            log.error("%s %s failed:\n%s", request.method, request.path, traceback.format_exc())
+            return web.json_response({"error": f"internal error: {type(e).__name__}: {e}"},
+                                     status=500)
 
     async def retrieve_future(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        fut, owner = self.futures.get(body["request_id"], (None, None))
+        body = await _body(request)
+        fut, owner, _ = self.futures.get(body["request_id"], (None, None, False))
         if fut is not None and not self._allowed(request, owner):
             raise NotFound(f"unknown request_id {body['request_id']!r}")
         if fut is None and _REQUEST_ID.fullmatch(str(body["request_id"])):
@@ -163,6 +179,14 @@ class Service:
         except TimeoutError:
             return web.json_response({"type": "try_again", "request_id": body["request_id"],
                                       "queue_state": "active"})
+        except asyncio.CancelledError:
+            if not fut.cancelled():
+                raise  # this poll was cut (the client went away), not the request
+            return web.json_response({"error": f"request {body['request_id']} was cancelled",
+                                      "category": "user"})
+        except Cancelled as e:
+            return web.json_response({"error": f"request {body['request_id']} was cancelled "
+                                      f"({e})", "category": "user"})
         except UserError as e:
             return web.json_response({"error": str(e), "category": "user"})
         except Exception as e:  # noqa: BLE001 - reported to the client, logged here
@@ -171,6 +195,21 @@ class Service:
         if isinstance(result, bytes):
             return web.Response(body=result, content_type=PROTO)
         return web.json_response(result)
+
+    async def cancel_future(self, request: web.Request) -> web.Response:
+        """Tinker's `cancel_future` (the SDK sends it for a sampling future it abandons, since
+        `client/dynamic_config` says `sample_cancel_enabled`): a queued sampling request is
+        dropped, a running one stops before its next decode chunk. Idempotent: a finished or
+        already cancelled request is left as it is."""
+        body = await _body(request)
+        fut, owner, cancellable = self.futures.get(body["request_id"], (None, None, False))
+        if fut is None or not self._allowed(request, owner):
+            raise NotFound(f"unknown request_id {body['request_id']!r}")
+        if not cancellable:
+            raise UserError(f"request {body['request_id']} is not a sampling request; only "
+                            "sampling requests can be cancelled (as in Tinker)")
+        self.worker.cancel(fut)
+        return web.json_response(None)
 
     # ------------------------------------------------------------------------ session, info
 
@@ -186,7 +225,7 @@ class Service:
                                   "fwdbwd_max_chunk_len": 1024})
 
     async def create_session(self, request):
-        await request.json()
+        await _body(request)
         sid = f"session-{uuid.uuid4().hex[:12]}"
         self.sessions[sid] = self._owner(request)
         return web.json_response({"type": "create_session", "session_id": sid})
@@ -194,14 +233,14 @@ class Service:
     async def finish_session(self, request):
         """`ServiceClient.close(status)`: the session ends (idempotent; a session from before a
         restart is already gone). Its models stay: other sessions may hold their paths."""
-        await request.json()
+        await _body(request)
         sid = request.match_info["sid"]
         if sid in self.sessions and self._allowed(request, self.sessions[sid]):
             del self.sessions[sid]
         return web.json_response(None)
 
     async def get_info(self, request):
-        body = await request.json()
+        body = await _body(request)
         m = self._model(request, body["model_id"])
         return web.json_response({
             "type": "get_info", "model_id": m.model_id, "is_lora": m.lora is not None,
@@ -213,9 +252,11 @@ class Service:
     # ----------------------------------------------------------------------------- training
 
     async def create_model(self, request):
-        body = await request.json()
+        body = await _body(request)
         self._check_base(body["base_model"])
         lc = body.get("lora_config") or {}
+        if not isinstance(lc, dict):
+            raise UserError(f"create_model: lora_config must be an object, got {lc!r:.80}")
         if "rank" not in lc and not self.full_params:
             raise UserError("create_model: this server trains LoRA adapters only; pass "
                             "lora_config with a rank (create_lora_training_client)")
@@ -226,6 +267,7 @@ class Service:
             create = self.backend.create_full
         else:
             cfg = lora_config(lc["rank"], lc.get("train_attn", True), lc.get("train_mlp", True))
+            self.limits.check_rank(cfg.rank)
             create = lambda: self.backend.create(cfg, seed=lc.get("seed"))
         owner = self._owner(request)
 
@@ -256,7 +298,7 @@ class Service:
                            key=self.backend.batch_key(req))
 
     async def optim_step(self, request):
-        body = await request.json()
+        body = await _body(request)
         self._model(request, body["model_id"])
         if "adam_params" not in body:
             raise UserError("optim_step: only AdamParams are supported")
@@ -265,7 +307,7 @@ class Service:
         return self.submit(request, step, model_id=body["model_id"])
 
     async def save_weights(self, request):
-        body = await request.json()
+        body = await _body(request)
         self._model(request, body["model_id"])
         if body.get("path") is not None:
             check_name(body["path"], "save_state name")
@@ -277,7 +319,7 @@ class Service:
         return self.submit(request, run, model_id=body["model_id"])
 
     async def load_weights(self, request):
-        body = await request.json()
+        body = await _body(request)
         if body.get("model_id") is None:
             return self._create_from_state(request, body)
         self._model(request, body["model_id"])
@@ -325,7 +367,7 @@ class Service:
         return self.submit(request, run, model_id=model_id)
 
     async def save_weights_for_sampler(self, request):
-        body = await request.json()
+        body = await _body(request)
         self._model(request, body["model_id"])
         name = body.get("path")
         if name is not None:
@@ -362,7 +404,7 @@ class Service:
         return self.samplers[sid][0]
 
     async def create_sampling_session(self, request):
-        body = await request.json()
+        body = await _body(request)
         path = body.get("model_path")
         if path is not None:
             self._snapshot(request, path)
@@ -378,7 +420,16 @@ class Service:
                                   "model_path": self._sampler(request, sid)})
 
     async def asample(self, request):
-        body = await request.json()
+        body = await _body(request)
+        for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if body.get(key):
+                raise UserError(f"sample: {key} is not supported by this server")
+        if body.get("target_prompt_logprobs") is not None:
+            raise UserError("sample: target_prompt_logprobs is not supported by this server")
+        # the limits first: nothing is looked up or queued for a request that cannot be served
+        req = SampleRequest.parse(body, self.limits, self.backend.max_len,
+                                  self.backend.cfg.vocab_size)
+        self.backend.stop_text(req.stop)  # refused here (no tokenizer), not after queueing
         if body.get("sampling_session_id") is not None:
             path = self._sampler(request, body["sampling_session_id"])
         elif body.get("model_path") is not None:
@@ -387,46 +438,36 @@ class Service:
             self._check_base(body.get("base_model"))
             path = None
         snap = None if path is None else self._snapshot(request, path)
-        for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
-            if body.get(key):
-                raise UserError(f"sample: {key} is not supported by this server")
-        if body.get("target_prompt_logprobs") is not None:
-            raise UserError("sample: target_prompt_logprobs is not supported by this server")
-        prompt = [int(t) for c in body["prompt"]["chunks"] for t in _chunk_tokens(c)]
-        n = int(body.get("num_samples", 1))
-        sp = body.get("sampling_params") or {}
-        params = sampling_params(sp, n, len(prompt), self.backend.max_len)
-        stop = stop_strings(sp)
-        self.backend.stop_text(stop)  # refused here (no tokenizer), not after queueing
         want_prompt_lp = bool(body.get("prompt_logprobs"))
 
-        def run_many(items):  # queued requests of one sample_key: one decode batch
-            done = self.backend.sample_many([(snap, prompt, params, stop)
-                                             for snap, prompt, params, stop, _ in items])
-            return [d if isinstance(d, Exception) else encode_sample_response(
-                [(c.tokens, c.logprobs, c.finish_reason) for c in d],
-                self.backend.prompt_logprobs(snap, prompt) if want_lp else None)
-                for d, (snap, prompt, _, _, want_lp) in zip(done, items, strict=True)]
+        def run_many(items):  # queued requests of one sample_key: one decode batch, in steps
+            steps = self.backend.sample_steps([(snap, prompt, params, stop)
+                                               for snap, prompt, params, stop, _ in items])
+            for done in steps:
+                yield {i: d if isinstance(d, Exception) else encode_sample_response(
+                    [(c.tokens, c.logprobs, c.finish_reason) for c in d],
+                    self.backend.prompt_logprobs(items[i][0], items[i][1]) if items[i][4]
+                    else None) for i, d in done.items()}
 
-        item = (snap, prompt, params, stop, want_prompt_lp)
-        seq_ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(n)]
-        key = self.backend.sample_key(snap)
-        if key is None:  # the base model or full parameters: alone
-            return self.submit(request, lambda: _raise_or_return(run_many([item])[0]),
-                               sample_sequence_ids=seq_ids)
-        return self.submit(request, run_many, item, key=key, sample_sequence_ids=seq_ids)
+        item = (snap, req.prompt, req.params, req.stop, want_prompt_lp)
+        seq_ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(req.params.n)]
+        # the base model or full parameters: a batch of its own
+        key = self.backend.sample_key(snap) or ("sample", "alone", next(self._ids))
+        return self.submit(request, run_many, item, key=key, cancellable=True,
+                           sample_sequence_ids=seq_ids)
 
     # ------------------------------------------------------------------------------ the app
 
     def app(self) -> web.Application:
         ok = lambda payload: (lambda request: _json(payload))
-        app = web.Application(middlewares=[self.middleware], client_max_size=256 * 2**20)
+        app = web.Application(middlewares=[self.middleware],
+                              client_max_size=self.limits.max_body_bytes)
         v1 = "/api/v1"
         app.add_routes([
             web.get(f"{v1}/healthz", ok({"status": "ok"})),
             web.get(f"{v1}/get_server_capabilities", self.capabilities),
             web.post(f"{v1}/client/config", self.client_config),
-            web.post(f"{v1}/client/dynamic_config", ok({})),
+            web.post(f"{v1}/client/dynamic_config", ok({"sample_cancel_enabled": True})),
             web.post(f"{v1}/create_session", self.create_session),
             web.post(f"{v1}/sessions/{{sid}}/finish", self.finish_session),
             web.post(f"{v1}/session_heartbeat", ok({"type": "session_heartbeat"})),
@@ -442,6 +483,7 @@ class Service:
             web.get(f"{v1}/samplers/{{sid}}", self.get_sampler),
             web.post(f"{v1}/asample", self.asample),
             web.post(f"{v1}/retrieve_future", self.retrieve_future),
+            web.post(f"{v1}/cancel_future", self.cancel_future),
         ])
         return app
 
@@ -450,52 +492,9 @@ async def _json(payload):
     return web.json_response(payload)
 
 
-def _raise_or_return(result):
-    if isinstance(result, Exception):
-        raise result
-    return result
-
-
-def _chunk_tokens(chunk: dict) -> list[int]:
-    if chunk.get("type", "encoded_text") != "encoded_text":
-        raise UserError(f"model input chunks of type {chunk.get('type')!r} are not supported "
-                        "(token chunks only)")
-    return chunk["tokens"]
-
-
-def stop_strings(sp: dict) -> tuple[str, ...]:
-    """The stop strings of the SDK's `SamplingParams.stop` (a string or a list of them; () for
-    None or token ids)."""
-    stop = sp.get("stop")
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not any(isinstance(s, str) for s in stop):
-        return ()
-    if not all(isinstance(s, str) and s for s in stop):
-        raise UserError(f"sample: stop must be token ids or non-empty strings, not a mix; got "
-                        f"{stop!r}")
-    return tuple(stop)
-
-
-def sampling_params(sp: dict, n: int, prompt_len: int, max_len: int) -> SamplingParams:
-    """The SDK's `SamplingParams` as jaxrl's. `stop`: None keeps EOS; `[]` samples through it;
-    token ids stop there; stop strings (`stop_strings`: checked on the decoded text by the
-    scheduler) keep EOS as a stop too."""
-    stop = sp.get("stop")
-    if stop_strings(sp):
-        stop = None
-    max_tokens = sp.get("max_tokens")
-    if max_tokens is None:
-        max_tokens = max(1, min(128, max_len - prompt_len))
-    seed = sp.get("seed")
-    seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
-    top_k = int(sp.get("top_k", -1))
-    try:
-        return SamplingParams(
-            max_tokens=int(max_tokens), temperature=float(sp.get("temperature", 1)),
-            top_k=0 if top_k < 0 else top_k, top_p=float(sp.get("top_p", 1)), n=n, seed=seed,
-            stop_token_ids=tuple(stop or ()), ignore_eos=stop == [])
-    except ValueError as e:
-        raise UserError(f"sample: {e}") from e
+async def _body(request: web.Request) -> dict:
+    """The request's JSON body, which must be an object (read within the body size limit)."""
+    return json_object(await request.read(), request.path.rsplit("/", 1)[-1])
 
 
 # ------------------------------------------------------------------------------- starting

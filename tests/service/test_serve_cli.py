@@ -59,3 +59,18 @@ def test_a_missing_base_model_is_one_error_line_naming_it_once(tmp_path):
     line = out.stderr.strip().splitlines()[-1]
     assert line.startswith("error: ") and line.count(missing) == 1, line
     assert "Traceback" not in out.stderr
+
+
+def test_limit_flags_are_checked_before_jax_and_shown_in_help():
+    code = ("import runpy, sys\nsys.argv = ['serve.py', '--base-model', 'tiny', "
+            "'--max-lora-rank', '0']\ntry:\n    runpy.run_path(" + repr(str(SERVE)) +
+            ", run_name='__main__')\nexcept SystemExit as e:\n    print('exit', e.code, 'jax' in "
+            "sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "exit 2 False" in out.stdout, out
+    assert "--max-lora-rank must be >= 1, got 0" in out.stderr
+    out = subprocess.run([sys.executable, str(SERVE), "--help"], capture_output=True, text=True,
+                         timeout=60)
+    for flag in ("--max-request-mb", "--max-num-samples", "--max-sample-tokens",
+                 "--max-lora-rank"):
+        assert flag in out.stdout, flag

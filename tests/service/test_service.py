@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import time
+
 import jax
 import numpy as np
 import pytest
@@ -129,3 +133,134 @@ def test_bad_requests_get_sdk_errors_and_the_server_keeps_serving(server, client
         tc.forward_backward([huge], "cross_entropy").result()
     out = tc.forward_backward(DATA_A, "cross_entropy").result()  # still serving
     assert np.isfinite(out.metrics["loss:sum"])
+
+
+# ------------------------------------------------------------------ limits, fairness, cancel
+
+
+def _post(http, server, route, body, key="tml-local"):
+    return http.post(f"{server.url}/api/v1/{route}", headers={"X-API-Key": key},
+                     **({"content": body} if isinstance(body, bytes) else {"json": body}))
+
+
+def _sample_body(tokens, n=1, **sp):
+    return {"base_model": "tiny", "num_samples": n, "sampling_params": sp,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": tokens}]}}
+
+
+def test_requests_over_a_limit_are_refused_at_once_naming_it(server):
+    """Issue 47 defect 6: each oversized request -> 400 naming the limit and the value, in under
+    100 ms, and nothing queued for the model. Limits: the module server's defaults (max_len 64
+    from `Backend.load`, `Limits()`: 256 samples, rank 128, 32 MiB bodies)."""
+    import httpx
+
+    futures = len(server.service.futures)
+    cases = [
+        ("asample", _sample_body([3, 4, 5], n=10**6),
+         "num_samples 1000000 exceeds the server's limit of 256"),
+        ("asample", _sample_body([3, 4, 5], max_tokens=10**9),
+         "max_tokens 1000000000 = 1000000003 exceeds the server's max_len 64"),
+        ("asample", _sample_body(list(range(3, 3 + 64))),
+         "prompt of 64 tokens; this server takes 1 to 63"),
+        ("create_model", {"base_model": "tiny", "lora_config": {"rank": 10**9}},
+         "lora rank 1000000000 exceeds the server's limit of 128"),
+        ("asample", b"[1, 2, 3]", "must be a JSON object, got a JSON array"),
+        ("create_model", b'"tiny"', "must be a JSON object, got a JSON string"),
+        ("retrieve_future", b"{not json", "is not valid JSON"),
+    ]
+    with httpx.Client(timeout=30) as http:
+        _post(http, server, "create_session", {})  # a warm connection
+        for route, body, message in cases:
+            start = time.perf_counter()
+            r = _post(http, server, route, body)
+            took = time.perf_counter() - start
+            assert r.status_code == 400 and message in r.json()["error"], (route, r.text)
+            assert took < 0.1, (route, message, took)
+    # a 200 MB body: refused from its Content-Length, before the body is read
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        start = time.perf_counter()
+        sock.sendall(f"POST /api/v1/asample HTTP/1.1\r\nHost: {host}\r\nX-API-Key: tml-local\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {200 * 2**20}\r\n\r\n"
+                     '{"prompt": [1, 2'.encode())
+        head = sock.recv(65536).decode()
+        took = time.perf_counter() - start
+    assert head.startswith("HTTP/1.1 400"), head
+    assert f"request body of {200 * 2**20} bytes exceeds the server's limit of {32 * 2**20} " \
+           "bytes" in head
+    assert took < 0.1, took
+    assert idle(server) and len(server.service.futures) == futures
+
+
+def idle(server):
+    return all(f.done() for f, *_ in server.service.futures.values())
+
+
+def _wait(condition, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def slow_decode(server, seconds):
+    """Every decode chunk of the base model's engine sleeps `seconds` (`JaxEngine.debug_delay_s`):
+    a long request stays long on a fast machine (its 256 chunks take >= 256 x `seconds`)."""
+    engine = server.service.backend.engine(None)  # the worker is idle: no run uses it now
+    engine.debug_delay_s = seconds
+    try:
+        yield
+    finally:
+        engine.debug_delay_s = 0.0
+
+
+def test_a_second_keys_request_is_served_during_a_long_one_which_can_be_cancelled(server):
+    """Issue 47 defect 6: one key's long sampling request (256 samples to the KV cache's end,
+    256 decode chunks of >= 50 ms) does not hold back another key's small one (answered within
+    2 s while the long one still runs), and it stops when cancelled (Tinker's `cancel_future`)."""
+    import httpx
+
+    other = tinker.ServiceClient(base_url=server.url, api_key="tml-other-key")
+    try:
+        sc = other.create_sampling_client(base_model="tiny").result()
+        prompt, small = types.ModelInput.from_ints([3, 4, 5]), types.SamplingParams(max_tokens=8)
+        sc.sample(prompt, 1, small).result()  # compiles the base model's engine
+        with httpx.Client(timeout=30) as http, slow_decode(server, 0.05):
+            r = _post(http, server, "asample",
+                      _sample_body([3, 4, 5], n=256, max_tokens=61, stop=[], seed=0))
+            long_id = r.json()["request_id"]
+            long_job = server.service.futures[long_id][0]
+            _wait(long_job.running, "the long request to start")
+            start = time.perf_counter()
+            res = sc.sample(prompt, 1, small).result()
+            took = time.perf_counter() - start
+            assert len(res.sequences) == 1 and 1 <= len(res.sequences[0].tokens) <= 8
+            assert took < 2, took
+            assert not long_job.done(), "the long request ended first: make it longer"
+
+            assert _post(http, server, "cancel_future", {"request_id": long_id}).json() is None
+            out = _post(http, server, "retrieve_future", {"request_id": long_id}).json()
+            assert out["category"] == "user" and "was cancelled" in out["error"], out
+            _wait(lambda: idle(server), "the worker to drop the cancelled request", 5)
+            r = _post(http, server, "cancel_future", {"request_id": "req-nope-1"})
+            assert r.status_code == 404 and "unknown request_id" in r.json()["error"]
+    finally:
+        other.close("success").result()
+
+
+def test_the_sdk_cancels_a_sampling_future_it_abandons(server):
+    """The SDK sends `cancel_future` for a sampling future cancelled locally, since the server's
+    dynamic config enables it; the server then stops the work."""
+    sdk = tinker.ServiceClient(base_url=server.url, api_key="tml-sdk-cancel")
+    try:
+        sc = sdk.create_sampling_client(base_model="tiny").result()
+        with slow_decode(server, 0.05):  # the request alone would take >= 12.8 s
+            fut = sc.sample(types.ModelInput.from_ints([3, 4, 5]), 256,
+                            types.SamplingParams(max_tokens=61, stop=[], seed=1))
+            _wait(lambda: any(f.running() for f, *_ in server.service.futures.values()),
+                  "the request to start")
+            fut.future().cancel()
+            _wait(lambda: idle(server), "the server to stop the abandoned request", 5)
+    finally:
+        sdk.close("success").result()
