@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import hashlib
 import itertools
 import logging
@@ -40,6 +41,7 @@ from aiohttp import web
 
 from jaxrl.service.backend import Backend, NotFound, UserError, lora_config
 from jaxrl.service.limits import Limits, SampleRequest, json_object
+from jaxrl.service.logs import log_outcome, refused
 from jaxrl.service.store import BadPath, check_model_id, check_name, parse_path
 from jaxrl.service.wire import (
     WireError,
@@ -97,6 +99,8 @@ class Service:
         job = (self.worker.submit(fn, *args, lane=model_id, tenant=tenant) if key is None
                else self.worker.submit_many(fn, args[0], key, lane=model_id, tenant=tenant))
         self.futures[request_id] = (job, self._owner(request), cancellable)
+        job.add_done_callback(functools.partial(log_outcome, request_id,
+                                                f"{request.method} {request.path}", tenant))
         while len(self.futures) > KEEP_FUTURES:
             self.futures.popitem(last=False)
         return web.json_response({"request_id": request_id, "model_id": model_id, **extra})
@@ -140,6 +144,14 @@ class Service:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
+        """Errors as JSON `{"error"}` with their status; each refusal or failure is one log
+        line (`jaxrl.service.logs`)."""
+        response = await self._answer(request, handler)
+        if response.status >= 400:
+            refused(request, response, _key_id(request))
+        return response
+
+    async def _answer(self, request: web.Request, handler):
         if self.keys and request.headers.get("X-API-Key") not in self.keys:
             return web.json_response({"error": "missing or unknown X-API-Key"}, status=401)
         try:
@@ -154,8 +166,12 @@ class Service:
         except (UserError, WireError, KeyError, TypeError, ValueError) as e:
             msg = f"missing field {e}" if isinstance(e, KeyError) else str(e)
             return web.json_response({"error": msg}, status=400)
-        except web.HTTPException:
-            raise
+        except web.HTTPException as e:  # aiohttp's own (no such route, wrong method)
+            if e.status < 400:
+                raise
+            what = (f"this server has no route {request.method} {request.path}"
+                    if e.status in (404, 405) else e.text)
+            return web.json_response({"error": f"{e.reason}: {what}"}, status=e.status)
         except Exception as e:  # noqa: BLE001 - one line to the client, the traceback logged
             log.error("%s %s failed:\n%s", request.method, request.path, traceback.format_exc())
             return web.json_response({"error": f"internal error: {type(e).__name__}: {e}"},
@@ -187,10 +203,9 @@ class Service:
         except Cancelled as e:
             return web.json_response({"error": f"request {body['request_id']} was cancelled "
                                       f"({e})", "category": "user"})
-        except UserError as e:
+        except UserError as e:  # (logged when it failed: `log_outcome`)
             return web.json_response({"error": str(e), "category": "user"})
-        except Exception as e:  # noqa: BLE001 - reported to the client, logged here
-            log.error("request %s failed:\n%s", body["request_id"], traceback.format_exc())
+        except Exception as e:  # noqa: BLE001 - reported to the client
             return web.json_response({"error": f"{type(e).__name__}: {e}", "category": "server"})
         if isinstance(result, bytes):
             return web.Response(body=result, content_type=PROTO)
@@ -490,6 +505,12 @@ class Service:
 
 async def _json(payload):
     return web.json_response(payload)
+
+
+def _key_id(request: web.Request) -> str:
+    """The request's key as the logs name it: its owner hash (never the key itself)."""
+    key = request.headers.get("X-API-Key")
+    return "no key" if key is None else owner_of(key)
 
 
 async def _body(request: web.Request) -> dict:

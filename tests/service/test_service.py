@@ -264,3 +264,43 @@ def test_the_sdk_cancels_a_sampling_future_it_abandons(server):
             _wait(lambda: idle(server), "the server to stop the abandoned request", 5)
     finally:
         sdk.close("success").result()
+
+
+def test_each_refused_or_failed_request_is_one_log_line(server, caplog, monkeypatch):
+    """Issue 48 item 6: a refusal on arrival -> a warning naming the route, the key's owner id
+    (never the key) and the reason; an accepted request that fails -> an error line with its
+    route; an unknown route -> a 404 that says so, logged the same way."""
+    import httpx
+
+    from jaxrl.service.server import owner_of
+
+    def broken(*args):
+        raise RuntimeError("disk on fire")
+
+    caplog.set_level("INFO", logger="jaxrl.service")
+    with httpx.Client(timeout=30) as http:
+        r = _post(http, server, "asample", _sample_body([3, 4, 5], n=10**6), key="tml-logged")
+        assert r.status_code == 400
+        r = _post(http, server, "no_such_route", {}, key="tml-logged")
+        assert r.status_code == 404
+        assert r.json()["error"] == ("Not Found: this server has no route POST "
+                                     "/api/v1/no_such_route")
+        tc_id = _post(http, server, "create_model", {"base_model": "tiny", "lora_config": {
+            "rank": 2, "seed": 0}}, key="tml-logged").json()["request_id"]
+        model_id = _post(http, server, "retrieve_future", {"request_id": tc_id},
+                         key="tml-logged").json()["model_id"]
+        monkeypatch.setattr(server.service.backend, "optim_step", broken)
+        rid = _post(http, server, "optim_step", {"model_id": model_id, "adam_params": {
+            "learning_rate": 1e-3}}, key="tml-logged").json()["request_id"]
+        out = _post(http, server, "retrieve_future", {"request_id": rid}, key="tml-logged")
+        assert out.json()["category"] == "server"
+    owner = owner_of("tml-logged")
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if owner in r.getMessage()]
+    assert lines[:2] == [
+        ("WARNING", f"refused POST /api/v1/asample ({owner}, HTTP 400): sample: num_samples "
+                    "1000000 exceeds the server's limit of 256 (--max-num-samples)"),
+        ("WARNING", f"refused POST /api/v1/no_such_route ({owner}, HTTP 404): Not Found: this "
+                    "server has no route POST /api/v1/no_such_route")], lines
+    assert lines[2:] == [("ERROR", f"failed POST /api/v1/optim_step {rid} ({owner}): "
+                                   "RuntimeError: disk on fire")], lines
+    assert not any("tml-logged" in r.getMessage() for r in caplog.records)
