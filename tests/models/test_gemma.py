@@ -136,22 +136,24 @@ def _forward(model, seq_1T):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "mistral"])
-def test_generation_past_the_window_equals_transformers(arch, saved):
+@pytest.mark.parametrize("arch,layout", [("gemma2", "contiguous"), ("gemma3", "contiguous"),
+                                         ("gemma3", "paged"), ("mistral", "contiguous")])
+def test_generation_past_the_window_equals_transformers(arch, layout, saved):
     """Greedy tokens equal `transformers.generate` on ragged prompts, and sampled tokens'
-    behaviour logprobs equal a teacher-forced forward, the decode running to 3x the window."""
+    behaviour logprobs equal a teacher-forced forward, the decode running to 3x the window
+    (the whole cache kept, the window masking it; paged too)."""
     from jaxrl.generate import JaxEngine, SamplingParams, sample
 
     hf, path = saved[arch]
     _, model = load_pretrained(path)
-    engine = JaxEngine(model, num_slots=4, max_len=32, chunk_steps=4)
+    engine = JaxEngine(model, num_slots=4, max_len=32, chunk_steps=4, kv_layout=layout,
+                       page_size=8)
     prompts, new = [[5, 17, 3], list(range(1, 12))], 2 * WINDOW
     got = sample(engine, prompts, SamplingParams(max_tokens=new, temperature=0.0))
     for prompt, c in zip(prompts, got, strict=True):
         with torch.no_grad():
             out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)),
-                              max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                              pad_token_id=0)
+                              max_new_tokens=new, do_sample=False)
         assert c.tokens == out[0, len(prompt):].tolist(), f"prompt of length {len(prompt)}"
     drawn = sample(engine, prompts, SamplingParams(max_tokens=new, temperature=1.0, seed=3))
     for prompt, c in zip(prompts, drawn, strict=True):

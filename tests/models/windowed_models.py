@@ -10,7 +10,9 @@ WINDOW = 8  # sequences in the tests run to ~3x this
 
 TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            max_position_embeddings=256, rms_norm_eps=1e-6, attn_implementation="eager")
+            max_position_embeddings=256, rms_norm_eps=1e-6, attn_implementation="eager",
+            # no end-of-sequence token: greedy generation runs to its length in both
+            bos_token_id=None, eos_token_id=None, pad_token_id=0)
 CASES = {
     # alternating sliding / full layers (HF's default pattern), both soft-caps, a query scalar
     # other than head_dim
@@ -24,7 +26,7 @@ CASES = {
                                                        "rope_theta": 10000.0},
                                     "sliding_attention": {"rope_type": "default",
                                                           "rope_theta": 100.0}}),
-    "olmo3": dict(sliding_window=WINDOW, pad_token_id=0, eos_token_id=1, bos_token_id=None),
+    "olmo3": dict(sliding_window=WINDOW),
     "mistral": dict(sliding_window=WINDOW, num_hidden_layers=2),
 }
 
