@@ -71,8 +71,9 @@ class DataStates:
                               set=lambda v: self.prompts.set_state(self._own(v, "data")))
         checkpointer.register("tracker", get=lambda: self._value(1),
                               set=lambda v: self.tracker.set_state(self._own(v, "tracker")))
-        checkpointer.register("in_flight", get=lambda: self._value(2),
-                              set=lambda v: self._set_in_flight(self._own(v, "in_flight")))
+        # a checkpoint written before batches in flight were saved (2026-12-05) has none
+        checkpointer.register("in_flight", get=lambda: self._value(2), missing=None, set=lambda v:
+                              self._set_in_flight([] if v is None else self._own(v, "in_flight")))
 
     def _set_in_flight(self, records: list[dict]) -> None:
         self._restored = [in_flight.decode(r) for r in records]

@@ -41,6 +41,8 @@ from jaxrl.train.state import TrainState
 log = logging.getLogger("jaxrl")
 
 
+_REQUIRED = object()  # register(missing=...) not given
+
 class CheckpointError(ConfigError):
     """No checkpoint of a run can be restored; the message says why for each."""
 
@@ -121,12 +123,18 @@ class Checkpointer:
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._extras: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
+        self._missing: dict[str, Any] = {}  # what an older checkpoint without an extra means
 
-    def register(self, name: str, *, get: Callable[[], Any], set: Callable[[Any], None]) -> None:
-        """Save `get()` (JSON-able) with every checkpoint; `set(value)` it back on restore."""
+    def register(self, name: str, *, get: Callable[[], Any], set: Callable[[Any], None],
+                 missing: Any = _REQUIRED) -> None:
+        """Save `get()` (JSON-able) with every checkpoint; `set(value)` it back on restore. An
+        extra added after checkpoints were written gives `missing`: a checkpoint without it
+        is then still whole and restores with `set(missing)` (without one, it is damaged)."""
         if name in self._extras:
             raise ValueError(f"checkpoint extra {name!r} registered twice")
         self._extras[name] = (get, set)
+        if missing is not _REQUIRED:
+            self._missing[name] = missing
 
     def _save_args(self, state: TrainState):
         extra = {name: get() for name, (get, _) in self._extras.items()}
@@ -224,9 +232,9 @@ class Checkpointer:
         out = self._manager.restore(step, args=args)
         extra = out["extra"] or {}
         for name, (_, setter) in self._extras.items():
-            if name not in extra:
+            if name not in extra and name not in self._missing:
                 raise KeyError(f"checkpoint step {step} has no extra {name!r}; has {sorted(extra)}")
-            setter(extra[name])
+            setter(extra.get(name, self._missing.get(name)))
         return out["state"]
 
     def restore_newest(self, abstract_state: TrainState) -> tuple[int, TrainState]:
@@ -235,7 +243,8 @@ class Checkpointer:
         self.wait()
         skipped: list[tuple[int, str]] = []
         for step in reversed(self.all_steps()):
-            reason = integrity.problem(self.directory / str(step), self._extras)
+            reason = integrity.problem(self.directory / str(step),
+                                       [n for n in self._extras if n not in self._missing])
             if reason is None:
                 try:
                     state = self.restore(abstract_state, step=step)

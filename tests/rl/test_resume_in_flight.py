@@ -43,7 +43,7 @@ class FakeCheckpointer:
     def __init__(self, every, saved):
         self.every, self.saved, self.extras = every, saved, {}
 
-    def register(self, name, *, get, set):
+    def register(self, name, *, get, set, missing=None):
         self.extras[name] = (get, set)
 
     def wait(self):

@@ -55,6 +55,34 @@ def test_restore_and_continue_is_bit_identical(run, model_cfg, mesh, train_cfg):
     ckpt.close()
 
 
+def test_an_extra_added_later_restores_older_checkpoints_with_its_missing_value(
+        run, model_cfg, train_cfg, mesh, tmp_path):
+    """The run's checkpoint has only "data"; a newer jaxrl also saves "later" (as the batches
+    in flight were added): with `missing=` the older checkpoint is whole and restores, the extra
+    set to that value; without it the checkpoint counts as damaged."""
+    import shutil
+
+    def open_(directory, **missing):
+        ckpt = Checkpointer(directory, every=2, keep=2)
+        got = {}
+        ckpt.register("data", get=dict, set=lambda v: got.update(data=v))
+        ckpt.register("later", get=list, set=lambda v: got.update(later=v), **missing)
+        return ckpt, got
+
+    abstract = Trainer(model_cfg, train_cfg, mesh).abstract_state
+    ckpt, got = open_(run["dir"], missing=None)
+    step, state = ckpt.restore_newest(abstract)
+    assert step == 2 and got == {"data": {"next_batch": 2}, "later": None}
+    assert _equal(state, run["saved"])
+    ckpt.close()
+    copy = tmp_path / "ckpt"  # restore_newest moves a damaged step aside: on a copy
+    shutil.copytree(run["dir"], copy)
+    strict, _ = open_(copy)
+    with pytest.raises(Exception, match="lacks \\['later'\\]"):
+        strict.restore_newest(abstract)
+    strict.close()
+
+
 @pytest.mark.parametrize("shape", [(4, 2), (1, 1)])
 def test_restore_onto_another_mesh_shape(run, model_cfg, train_cfg, shape):
     n = shape[0] * shape[1]
