@@ -56,6 +56,11 @@ def window_blocks(window: int, block: int) -> int:
     return cdiv(window - 1, block) + 1
 
 
+def window_span(num_blocks: int, window: int | None, block: int) -> int:
+    """Blocks a decode row's splits cover: all of them, or those a window can touch."""
+    return num_blocks if window is None else min(num_blocks, window_blocks(window, block))
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -20,7 +20,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxrl_kernels._util import MASK_VALUE, out_struct
+from jaxrl_kernels._util import MASK_VALUE, out_struct, window_span
 
 _NT = (((1,), (1,)), ((), ()))
 _NN = (((1,), (0,)), ((), ()))
@@ -40,13 +40,20 @@ def decode_kernel_body(
     *,
     sm_scale: float,
     blocks_per_split: int,
+    window: int | None = None,
 ):
-    """q_ref [Hkv, G, D]; k_ref/v_ref [bk, Hkv, D]; o_ref [Hkv, G, D] f32; m/l [Hkv, G, 1]."""
+    """q_ref [Hkv, G, D]; k_ref/v_ref [bk, Hkv, D]; o_ref [Hkv, G, D] f32; m/l [Hkv, G, 1].
+
+    With a ``window`` the splits cover the blocks from the one holding position length - window
+    on (``first_block``), and positions before length - window are masked like those past it."""
     b, s, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bk, num_kv_heads = k_ref.shape[0], k_ref.shape[1]
     G = q_ref.shape[1]
     length = lengths_ref[b]
-    start = (s * blocks_per_split + j) * bk
+    block = s * blocks_per_split + j
+    if window is not None:
+        block = first_block(length, window, bk) + block
+    start = block * bk
 
     @pl.when(j == 0)
     def _init():
@@ -60,6 +67,10 @@ def decode_kernel_body(
         # Rows past the length (or past the cache end, in an edge block) may hold garbage, even
         # NaN: zero them in v, since p == 0 does not protect a matmul from 0 * NaN.
         row_ok = start + lax.broadcasted_iota(jnp.int32, (bk, v_ref.shape[2]), 0) < length
+        if window is not None:  # and so may rows before the window
+            mask = mask & (start + lax.broadcasted_iota(jnp.int32, (G, bk), 1) >= length - window)
+            row_pos = start + lax.broadcasted_iota(jnp.int32, (bk, v_ref.shape[2]), 0)
+            row_ok = row_ok & (row_pos >= length - window)
         for h in range(num_kv_heads):
             q = q_ref[h]
             k = k_ref[:, h, :]
@@ -82,6 +93,12 @@ def decode_kernel_body(
         l_ref[...] = l_scr_ref[...]
 
 
+def first_block(length, window, block):
+    """The block holding position max(length - window, 0): the first one a window reads."""
+    # lax.div, not //: see decode_tpu's index map (the operands are >= 0).
+    return lax.div(jnp.maximum(length - window, 0), block)
+
+
 def partial_out_specs_and_shapes(B, num_splits, Hkv, G, D, index_map, like):
     o_spec = pl.BlockSpec((None, None, Hkv, G, D), index_map)
     ml_spec = pl.BlockSpec((None, None, Hkv, G, 1), index_map)
@@ -98,25 +115,35 @@ def partial_out_specs_and_shapes(B, num_splits, Hkv, G, D, index_map, like):
     return [o_spec, ml_spec, ml_spec], shapes, scratch
 
 
-def decode_tpu(q4, k_cache, v_cache, lengths, *, sm_scale, block_k, num_splits, interpret):
-    """q4 [B, Hkv, G, D], caches [B, S, Hkv, D], lengths [B] -> partials (acc, m, l) per split."""
+def decode_tpu(
+    q4, k_cache, v_cache, lengths, *, sm_scale, block_k, num_splits, interpret, window=None
+):
+    """q4 [B, Hkv, G, D], caches [B, S, Hkv, D], lengths [B] -> partials (acc, m, l) per split.
+
+    With a ``window``, the splits cover only the blocks from ``first_block`` on: the grid and the
+    DMAs are O(window), whatever the length."""
     B, Hkv, G, D = q4.shape
     S = k_cache.shape[1]
     nb = -(-S // block_k)
-    bps = -(-nb // num_splits)
+    bps = -(-window_span(nb, window, block_k) // num_splits)
 
     def kv_index(b, s, j, lengths_ref):
         # lax.div, not //: floor division of signed ints lowers through sign(), which Mosaic only
         # lowers with a known chip; lengths are >= 0, so truncation is the same.
         last = jnp.maximum(lax.div(lengths_ref[b] + block_k - 1, block_k) - 1, 0)
-        return (b, jnp.minimum(jnp.minimum(s * bps + j, last), nb - 1), 0, 0)
+        block = s * bps + j
+        if window is not None:
+            block = first_block(lengths_ref[b], window, block_k) + block
+        return (b, jnp.minimum(jnp.minimum(block, last), nb - 1), 0, 0)
 
     kv_spec = pl.BlockSpec((None, block_k, Hkv, D), kv_index)
     q_spec = pl.BlockSpec((None, Hkv, G, D), lambda b, s, j, lr: (b, 0, 0, 0))
     out_specs, out_shape, scratch = partial_out_specs_and_shapes(
         B, num_splits, Hkv, G, D, lambda b, s, j, lr: (b, s, 0, 0, 0), q4
     )
-    kernel = functools.partial(decode_kernel_body, sm_scale=sm_scale, blocks_per_split=bps)
+    kernel = functools.partial(
+        decode_kernel_body, sm_scale=sm_scale, blocks_per_split=bps, window=window
+    )
     return pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(

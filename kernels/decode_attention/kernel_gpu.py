@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxrl_kernels._util import LOG2E, MASK_VALUE, out_struct
+from jaxrl_kernels._util import LOG2E, MASK_VALUE, out_struct, window_span
 
 _NT = (((1,), (1,)), ((), ()))
 _NN = (((1,), (0,)), ((), ()))
@@ -55,14 +55,20 @@ def _decode_kernel(
     sm_scale: float,
     block_k: int,
     split_len: int,
+    window: int | None = None,
 ):
-    """length_ref [1]; q_ref [Gp, D]; k_ref/v_ref [Sb, D]; o_ref [Gp, D]; m_ref/l_ref [Gp]."""
+    """length_ref [1]; q_ref [Gp, D]; k_ref/v_ref [Sb, D]; o_ref [Gp, D]; m_ref/l_ref [Gp].
+
+    With a ``window`` the splits start at the block holding position length - window, and
+    positions before it are neither loaded nor mixed in."""
     from jax.experimental.pallas import triton as pltriton
 
     s = pl.program_id(2)
     Gp, D = q_ref.shape
     length = length_ref[0]
     start = s * split_len
+    if window is not None:
+        start = jnp.maximum(length - window, 0) // block_k * block_k + start
     end = jnp.minimum(start + split_len, length)
     q = q_ref[...]
 
@@ -70,6 +76,8 @@ def _decode_kernel(
         off = start + j * block_k
         idx = off + jnp.arange(block_k, dtype=jnp.int32)
         valid = idx < end
+        if window is not None:
+            valid = valid & (idx >= length - window)
         sl = pl.ds(pl.multiple_of(off, block_k), block_k)
         mask2 = jnp.broadcast_to(valid[:, None], (block_k, D))
         k = pltriton.load(k_ref.at[sl, :], mask=mask2, other=0.0)
@@ -95,16 +103,18 @@ def decode_gpu(
     num_warps,
     num_stages,
     interpret,
+    window=None,
 ):
-    """q4 [B, Hkv, Gp, D] (Gp >= 16, power of 2), caches [B, S, Hkv, D] -> partials in base 2."""
+    """q4 [B, Hkv, Gp, D] (Gp >= 16, power of 2), caches [B, S, Hkv, D] -> partials in base 2.
+    With a ``window``, the splits cover only the blocks it can touch."""
     from jax.experimental.pallas import triton as pltriton
 
     B, Hkv, Gp, D = q4.shape
     S = k_cache.shape[1]
     nb = -(-S // block_k)
-    split_len = -(-nb // num_splits) * block_k
+    split_len = -(-window_span(nb, window, block_k) // num_splits) * block_k
     kernel = functools.partial(
-        _decode_kernel, sm_scale=sm_scale, block_k=block_k, split_len=split_len
+        _decode_kernel, sm_scale=sm_scale, block_k=block_k, split_len=split_len, window=window
     )
     kv_spec = pl.BlockSpec((None, nb * block_k, None, D), lambda b, h, s: (b, 0, h, 0))
     o_spec = pl.BlockSpec((None, None, None, Gp, D), lambda b, h, s: (b, h, s, 0, 0))

@@ -12,7 +12,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxrl_kernels._util import cdiv, next_pow2, resolve_backend, round_up
+from jaxrl_kernels._util import (
+    cdiv,
+    check_window,
+    next_pow2,
+    resolve_backend,
+    round_up,
+    window_span,
+)
 from jaxrl_kernels.decode_attention.kernel import decode_tpu
 from jaxrl_kernels.decode_attention.kernel_gpu import decode_gpu
 
@@ -42,6 +49,13 @@ class BlockSizes:
             num_warps=self.num_warps or 4,
             num_stages=self.num_stages or 3,
         )
+
+    def fit_window(self, seq_len: int, window: int | None) -> BlockSizes:
+        """At most one split per block a window can touch (a resolved ``BlockSizes``)."""
+        if window is None:
+            return self
+        span = window_span(cdiv(seq_len, self.block_k), window, self.block_k)
+        return dataclasses.replace(self, num_splits=min(self.num_splits, span))
 
 
 def combine_partials(acc, m, l, *, base2: bool):
@@ -86,21 +100,37 @@ def run_split_k(q, Hkv, sm_scale, backend, tpu_call, gpu_call):
     return o.reshape(B, Hq, D).astype(q.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret", "backend"))
+@functools.partial(
+    jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret", "backend", "window")
+)
 def decode_attention(
-    q, k_cache, v_cache, lengths, *, sm_scale=None, block_sizes=None, interpret=False, backend=None
+    q,
+    k_cache,
+    v_cache,
+    lengths,
+    *,
+    sm_scale=None,
+    block_sizes=None,
+    interpret=False,
+    backend=None,
+    window=None,
 ):
     """q [B, Hq, D], k_cache/v_cache [B, S, Hkv, D], lengths int32 [B] -> [B, Hq, D] (q.dtype).
 
     Row b attends to cache positions [0, lengths[b]) (0 gives zeros); positions beyond are never
     read. Query head n uses kv head n // (Hq // Hkv). ``interpret`` / ``backend`` as in
-    ``jaxrl_kernels.flash_attention``.
+    ``jaxrl_kernels.flash_attention``. ``window`` (static int): a sliding window; the query sits
+    at position lengths[b] - 1 and sees positions p with lengths[b] - 1 - window < p <=
+    lengths[b] - 1 (transformers' ``sliding_window_overlay``: kv_idx > q_idx - window). Only the
+    cache blocks that hold them are read: the cost is O(window), whatever the length. Cache slot
+    i must hold position i (a contiguous cache, not a ring buffer).
     """
     check_decode_args(q, k_cache, v_cache, lengths)
+    window = check_window(window)
     B, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
     backend, interpret = resolve_backend(backend, interpret)
-    bs = (block_sizes or BlockSizes()).resolve(backend, B, Hkv, S)
+    bs = (block_sizes or BlockSizes()).resolve(backend, B, Hkv, S).fit_window(S, window)
     scale = float(D**-0.5 if sm_scale is None else sm_scale)
     lengths = jnp.minimum(lengths.astype(jnp.int32), S)
     return run_split_k(
@@ -117,6 +147,7 @@ def decode_attention(
             block_k=bs.block_k,
             num_splits=bs.num_splits,
             interpret=interpret,
+            window=window,
         ),
         lambda q4: decode_gpu(
             q4,
@@ -129,5 +160,6 @@ def decode_attention(
             num_warps=bs.num_warps,
             num_stages=bs.num_stages,
             interpret=interpret,
+            window=window,
         ),
     )

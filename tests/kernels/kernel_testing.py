@@ -50,3 +50,23 @@ def attention_f64(q, k, v, visible, sm_scale=None):
             denom = p.sum(-1, keepdims=True)
             out[b, :, n] = (p / np.where(denom == 0, 1.0, denom)) @ v[b, :, n // G]
     return out
+
+
+def pallas_grids(fn, *args):
+    """The grid of every ``pallas_call`` in ``fn``'s jaxpr (nested jaxprs included), in order."""
+    import jax
+
+    grids = []
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                grids.append(tuple(eqn.params["grid_mapping"].grid))
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        visit(inner)
+
+    visit(jax.make_jaxpr(fn)(*args).jaxpr)
+    return grids

@@ -5,7 +5,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_testing import TOLERANCES, assert_close
+from jax.experimental.pallas import tpu as pltpu
+from kernel_testing import (
+    TOLERANCES,
+    assert_close,
+    attention_f64,
+    pallas_grids,
+    sliding_window_visible,
+)
 
 import jaxrl_kernels
 from jaxrl_kernels.decode_attention import BlockSizes, decode_attention_reference
@@ -13,10 +20,22 @@ from jaxrl_kernels.paged_decode_attention import BlockSizes as PagedBlockSizes
 from jaxrl_kernels.paged_decode_attention import paged_decode_attention_reference
 
 
-def _poison_past_length(cache, lengths):
-    """NaN at positions >= length: proves the kernels neither read nor mix in the invalid suffix."""
+def _poison_past_length(cache, lengths, window=None):
+    """NaN at positions >= length (and, with a window, < length - window): proves the kernels
+    neither read nor mix in the positions a row must not see."""
     pos = jnp.arange(cache.shape[1])[None, :, None, None]
-    return jnp.where(pos < lengths[:, None, None, None], cache, jnp.nan)
+    ok = pos < lengths[:, None, None, None]
+    if window is not None:
+        ok = ok & (pos >= lengths[:, None, None, None] - window)
+    return jnp.where(ok, cache, jnp.nan)
+
+
+def _window_f64(q, k, v, lengths, window):
+    """Float64 decode with a sliding window: the query sits at position length - 1."""
+    visible = sliding_window_visible(
+        np.asarray(lengths)[:, None] - 1, np.arange(k.shape[1]), window
+    )
+    return attention_f64(q[:, None], k, v, visible)[:, 0]
 
 
 def _qkv(B, S, Hq, Hkv, D, dtype, seed=0):
@@ -122,3 +141,68 @@ def test_zero_length_rows_give_zeros():
     out = jaxrl_kernels.decode_attention(q, k, v, lengths, interpret=True)
     np.testing.assert_array_equal(np.asarray(out[0]), 0.0)
     assert_close(out[1], decode_attention_reference(q, k, v, lengths)[1], "float32")
+
+
+# Sliding windows. (G, Hkv, S, lengths, window, num_splits): S not a multiple of block_k = 16,
+# windows that are not multiples of it, rows shorter and longer than the window (and 1), GQA.
+# Positions a row must not see (before its window, past its length) are NaN.
+DECODE_WINDOW_CASES = [
+    (2, 2, 70, [70, 1, 9, 40], 7, 2),
+    (4, 1, 50, [50, 17, 33], 20, None),
+    (3, 2, 45, [45, 2, 30], 1, 3),  # window 1: only the token itself
+]
+
+
+@pytest.mark.parametrize("G,Hkv,S,lengths,window,splits", DECODE_WINDOW_CASES)
+def test_decode_window_matches_float64(interpret, G, Hkv, S, lengths, window, splits):
+    lengths = jnp.asarray(lengths, jnp.int32)
+    q, k, v = _qkv(len(lengths), S, G * Hkv, Hkv, 32, jnp.float32, seed=11)
+    out = jaxrl_kernels.decode_attention(
+        q,
+        _poison_past_length(k, lengths, window),
+        _poison_past_length(v, lengths, window),
+        lengths,
+        window=window,
+        block_sizes=BlockSizes(block_k=16, num_splits=splits),
+        interpret=interpret,
+    )
+    want = _window_f64(q, k, v, lengths, window)
+    assert_close(out, want, "float32", TOLERANCES)
+    ref = decode_attention_reference(q, k, v, lengths, window=window)
+    assert_close(ref, want, "float32", TOLERANCES)
+    if window == 1:  # each row sees its last token alone: the output is that token's value
+        last = v[jnp.arange(len(lengths)), lengths - 1]  # [B, Hkv, D]
+        np.testing.assert_allclose(out, jnp.repeat(last, G, axis=1), atol=1e-6, rtol=0)
+
+
+def test_decode_window_at_least_length_is_no_window(interpret):
+    lengths = jnp.asarray([40, 3, 25], jnp.int32)
+    q, k, v = _qkv(3, 40, 4, 2, 32, jnp.float32, seed=12)
+    bs = BlockSizes(block_k=16, num_splits=2)
+    plain = jaxrl_kernels.decode_attention(q, k, v, lengths, block_sizes=bs, interpret=interpret)
+    for window in (40, 57):
+        out = jaxrl_kernels.decode_attention(
+            q, k, v, lengths, window=window, block_sizes=bs, interpret=interpret
+        )
+        np.testing.assert_allclose(out, plain, atol=1e-6, rtol=0)
+
+
+def test_decode_window_rejects_bad_values():
+    lengths = jnp.asarray([3], jnp.int32)
+    q, k, v = _qkv(1, 16, 2, 1, 16, jnp.float32)
+    with pytest.raises(ValueError, match="window must be a positive int or None, got -3"):
+        jaxrl_kernels.decode_attention(q, k, v, lengths, window=-3, interpret=True)
+
+
+def test_decode_window_tpu_grid_spans_only_the_window():
+    """The TPU grid walks the blocks a window can touch, not the whole cache: 40 positions
+    touch at most 4 blocks of 16, so 2 splits take 2 steps each instead of 16 (of 512 / 16)."""
+    q, k, _ = _qkv(2, 512, 4, 2, 32, jnp.float32)
+    lengths = jnp.asarray([512, 100], jnp.int32)
+    tpu = dict(backend="tpu", interpret=pltpu.InterpretParams())
+    bs = BlockSizes(block_k=16, num_splits=2)
+    for window, steps in ((None, 16), (40, 2)):
+        run = lambda q, k, n, w=window: jaxrl_kernels.decode_attention(
+            q, k, k, n, window=w, block_sizes=bs, **tpu
+        )
+        assert pallas_grids(run, q, k, lengths) == [(2, 2, steps)]

@@ -76,12 +76,19 @@ def test_flash_attention_backward_lowers(backend, segments, window):
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
-def test_decode_attention_lowers(backend):
+@pytest.mark.parametrize("window", [None, WINDOW])
+def test_decode_attention_lowers(backend, window):
     q = jax.ShapeDtypeStruct((B, HQ, D), BF16)
     cache = jax.ShapeDtypeStruct((B, S, HKV, D), BF16)
     lengths = jax.ShapeDtypeStruct((B,), jnp.int32)
-    bs = decode_ops.BlockSizes().resolve(backend, B, HKV, S)
-    kw = dict(sm_scale=0.1, block_k=bs.block_k, num_splits=bs.num_splits, interpret=False)
+    bs = decode_ops.BlockSizes().resolve(backend, B, HKV, S).fit_window(S, window)
+    kw = dict(
+        sm_scale=0.1,
+        block_k=bs.block_k,
+        num_splits=bs.num_splits,
+        interpret=False,
+        window=window,
+    )
 
     def fn(q, k, v, n):
         return decode_ops.run_split_k(
