@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxrl_kernels._util import LOG2E, out_struct
+from jaxrl_kernels._util import LOG2E, out_struct, window_span
 from jaxrl_kernels.decode_attention.kernel_gpu import init_carry, online_softmax_block
 
 
@@ -31,8 +31,12 @@ def _paged_kernel(
     *,
     sm_scale: float,
     pages_per_split: int,
+    window: int | None = None,
 ):
-    """length_ref [1]; page_table_ref [P]; q_ref [Gp, D]; pages [N, ps, Hkv, D]; o_ref [Gp, D]."""
+    """length_ref [1]; page_table_ref [P]; q_ref [Gp, D]; pages [N, ps, Hkv, D]; o_ref [Gp, D].
+
+    With a ``window`` the splits start at the page holding position length - window; earlier
+    pages (and their table entries) are never read."""
     from jax.experimental.pallas import triton as pltriton
 
     h, s = pl.program_id(1), pl.program_id(2)
@@ -40,12 +44,16 @@ def _paged_kernel(
     ps = k_pages_ref.shape[1]
     length = length_ref[0]
     first = s * pages_per_split
+    if window is not None:
+        first = jnp.maximum(length - window, 0) // ps + first
     last = jnp.minimum(first + pages_per_split, (length + ps - 1) // ps)
     q = q_ref[...]
 
     def body(p, carry):
         page = page_table_ref[p]
         valid = p * ps + jnp.arange(ps, dtype=jnp.int32) < length
+        if window is not None:
+            valid = valid & (p * ps + jnp.arange(ps, dtype=jnp.int32) >= length - window)
         mask2 = jnp.broadcast_to(valid[:, None], (ps, D))
         k = pltriton.load(k_pages_ref.at[page, :, h, :], mask=mask2, other=0.0)
         v = pltriton.load(v_pages_ref.at[page, :, h, :], mask=mask2, other=0.0)
@@ -69,14 +77,16 @@ def paged_decode_gpu(
     num_warps,
     num_stages,
     interpret,
+    window=None,
 ):
-    """q4 [B, Hkv, Gp, D]; pages [N, page_size, Hkv, D]; page_table [B, P] -> base-2 partials."""
+    """q4 [B, Hkv, Gp, D]; pages [N, page_size, Hkv, D]; page_table [B, P] -> base-2 partials.
+    With a ``window``, the splits cover only the pages it can touch."""
     from jax.experimental.pallas import triton as pltriton
 
     B, Hkv, Gp, D = q4.shape
     P = page_table.shape[1]
-    pps = -(-P // num_splits)
-    kernel = functools.partial(_paged_kernel, sm_scale=sm_scale, pages_per_split=pps)
+    pps = -(-window_span(P, window, k_pages.shape[1]) // num_splits)
+    kernel = functools.partial(_paged_kernel, sm_scale=sm_scale, pages_per_split=pps, window=window)
     pool_spec = pl.BlockSpec(k_pages.shape, lambda b, h, s: (0, 0, 0, 0))
     o_spec = pl.BlockSpec((None, None, None, Gp, D), lambda b, h, s: (b, h, s, 0, 0))
     ml_spec = pl.BlockSpec((None, None, None, Gp), lambda b, h, s: (b, h, s, 0))

@@ -13,7 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxrl_kernels._util import cdiv, resolve_backend
+from jaxrl_kernels._util import cdiv, check_window, resolve_backend, window_span
 from jaxrl_kernels.decode_attention.ops import run_split_k
 from jaxrl_kernels.paged_decode_attention.kernel import paged_decode_tpu
 from jaxrl_kernels.paged_decode_attention.kernel_gpu import paged_decode_gpu
@@ -38,7 +38,9 @@ class BlockSizes:
         )
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret", "backend"))
+@functools.partial(
+    jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret", "backend", "window")
+)
 def paged_decode_attention(
     q,
     k_pages,
@@ -50,14 +52,19 @@ def paged_decode_attention(
     block_sizes=None,
     interpret=False,
     backend=None,
+    window=None,
 ):
     """q [B, Hq, D]; k_pages/v_pages [num_pages, page_size, Hkv, D]; lengths int32 [B];
     page_table int32 [B, pages_per_seq] (logical page i of row b is physical page
     page_table[b, i]) -> [B, Hq, D] (q.dtype).
 
     Row b attends to its first lengths[b] tokens; entries of page_table past
-    cdiv(lengths[b], page_size) are never read (they may hold anything).
+    cdiv(lengths[b], page_size) are never read (they may hold anything). ``window`` (static int):
+    a sliding window as in ``jaxrl_kernels.decode_attention`` (the query at position
+    lengths[b] - 1 sees positions p > lengths[b] - 1 - window); the entries of page_table before
+    the page holding position lengths[b] - window are never read either.
     """
+    window = check_window(window)
     B, P = page_table.shape
     page_size = k_pages.shape[1]
     if k_pages.ndim != 4 or k_pages.shape != v_pages.shape or k_pages.shape[3] != q.shape[2]:
@@ -78,6 +85,9 @@ def paged_decode_attention(
     if backend == "gpu" and (page_size < 16 or page_size & (page_size - 1)):
         raise ValueError(f"the GPU body needs page_size a power of two >= 16, got {page_size}")
     bs = (block_sizes or BlockSizes()).resolve(backend, B, Hkv, P)
+    if window is not None:  # at most one split per page a window can touch
+        span = window_span(P, window, page_size)
+        bs = dataclasses.replace(bs, num_splits=min(bs.num_splits, span))
     scale = float(D**-0.5 if sm_scale is None else sm_scale)
     lengths = jnp.minimum(lengths.astype(jnp.int32), P * page_size)
     page_table = page_table.astype(jnp.int32)
@@ -95,6 +105,7 @@ def paged_decode_attention(
             sm_scale=scale,
             num_splits=bs.num_splits,
             interpret=interpret,
+            window=window,
         ),
         lambda q4: paged_decode_gpu(
             q4,
@@ -107,5 +118,6 @@ def paged_decode_attention(
             num_warps=bs.num_warps,
             num_stages=bs.num_stages,
             interpret=interpret,
+            window=window,
         ),
     )

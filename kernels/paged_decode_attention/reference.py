@@ -12,7 +12,10 @@ def gather_pages(pages, page_table):
     return pages[page_table].reshape(B, P * page_size, Hkv, D)
 
 
-def paged_decode_attention_reference(q, k_pages, v_pages, lengths, page_table, *, sm_scale=None):
+def paged_decode_attention_reference(
+    q, k_pages, v_pages, lengths, page_table, *, sm_scale=None, window=None
+):
+    """The contiguous reference on the gathered pages (``window`` as there)."""
     k = gather_pages(k_pages, page_table)
     v = gather_pages(v_pages, page_table)
-    return decode_attention_reference(q, k, v, lengths, sm_scale=sm_scale)
+    return decode_attention_reference(q, k, v, lengths, sm_scale=sm_scale, window=window)

@@ -74,19 +74,23 @@ def test_decode_matches_reference(interpret, G, D, S, dtype, lengths, splits):
     assert_close(out, ref, dtype, TOLERANCES)
 
 
-def _paged(k, v, lengths, page_size, num_pages, seed=0):
-    """Scatter contiguous caches into a shuffled page pool; table entries past the length point
-    out of the pool (they must never be read) and unused pool pages are NaN."""
+def _paged(k, v, lengths, page_size, num_pages, seed=0, window=None):
+    """Scatter contiguous caches into a shuffled page pool; table entries past the length (and,
+    with a window, before the page holding length - window) point out of the pool (they must
+    never be read) and unused pool pages are NaN."""
     B, S, Hkv, D = k.shape
     P = S // page_size
     rng = np.random.default_rng(seed)
     table = rng.permutation(num_pages)[: B * P].reshape(B, P)
-    used = np.arange(P)[None, :] < -(-np.asarray(lengths)[:, None] // page_size)
+    n = np.asarray(lengths)[:, None]
+    used = np.arange(P)[None, :] < -(-n // page_size)
+    if window is not None:
+        used = used & (np.arange(P)[None, :] >= np.maximum(n - window, 0) // page_size)
     table = np.where(used, table, num_pages + 1000)
     pools = []
     for cache in (k, v):
         pool = jnp.full((num_pages, page_size, Hkv, D), jnp.nan, cache.dtype)
-        pages = _poison_past_length(cache, lengths).reshape(B * P, page_size, Hkv, D)
+        pages = _poison_past_length(cache, lengths, window).reshape(B * P, page_size, Hkv, D)
         idx = table.reshape(-1)
         keep = idx < num_pages
         pools.append(pool.at[idx[keep]].set(pages[keep]))
@@ -195,7 +199,7 @@ def test_decode_window_rejects_bad_values():
 
 
 def test_decode_window_tpu_grid_spans_only_the_window():
-    """The TPU grid walks the blocks a window can touch, not the whole cache: 40 positions
+    """The TPU grid walks the blocks (pages) a window can touch, not the whole cache: 40 positions
     touch at most 4 blocks of 16, so 2 splits take 2 steps each instead of 16 (of 512 / 16)."""
     q, k, _ = _qkv(2, 512, 4, 2, 32, jnp.float32)
     lengths = jnp.asarray([512, 100], jnp.int32)
@@ -206,3 +210,45 @@ def test_decode_window_tpu_grid_spans_only_the_window():
             q, k, k, n, window=w, block_sizes=bs, **tpu
         )
         assert pallas_grids(run, q, k, lengths) == [(2, 2, steps)]
+    pages = k.reshape(64, 16, 2, 32)
+    table = jnp.arange(64, dtype=jnp.int32).reshape(2, 32)
+    for window, steps in ((None, 16), (40, 2)):
+        run = lambda q, p, n, t, w=window: jaxrl_kernels.paged_decode_attention(
+            q, p, p, n, t, window=w, block_sizes=PagedBlockSizes(num_splits=2), **tpu
+        )
+        assert pallas_grids(run, q, pages, lengths, table) == [(2, 2, steps)]
+
+
+# (G, lengths, window, page_size, pages_per_seq, num_splits): windows not multiples of the page,
+# rows shorter and longer than the window (and 1); table entries before the window's first page
+# point out of the pool, so the TPU interpreter raises if a body reads them.
+PAGED_WINDOW_CASES = [
+    (2, [80, 1, 30, 47], 21, 16, 5, 2),
+    (4, [64, 9, 33], 1, 16, 4, None),
+]
+
+
+@pytest.mark.parametrize("G,lengths,window,page_size,P,splits", PAGED_WINDOW_CASES)
+def test_paged_decode_window_matches_float64(interpret, G, lengths, window, page_size, P, splits):
+    Hkv = 2
+    lengths = jnp.asarray(lengths, jnp.int32)
+    B = len(lengths)
+    q, k, v = _qkv(B, P * page_size, G * Hkv, Hkv, 32, jnp.float32, seed=13)
+    k_pages, v_pages, table = _paged(k, v, lengths, page_size, B * P + 3, window=window)
+    out = jaxrl_kernels.paged_decode_attention(
+        q,
+        k_pages,
+        v_pages,
+        lengths,
+        table,
+        window=window,
+        block_sizes=PagedBlockSizes(num_splits=splits),
+        interpret=interpret,
+    )
+    want = _window_f64(q, k, v, lengths, window)
+    assert_close(out, want, "float32", TOLERANCES)
+    # The reference reads every page it is given: hand it a clean pool, pages in order.
+    table = jnp.arange(B * P, dtype=jnp.int32).reshape(B, P)
+    pool_k, pool_v = (x.reshape(B * P, page_size, Hkv, -1) for x in (k, v))
+    ref = paged_decode_attention_reference(q, pool_k, pool_v, lengths, table, window=window)
+    assert_close(ref, want, "float32", TOLERANCES)

@@ -104,13 +104,14 @@ def test_decode_attention_lowers(backend, window):
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
-def test_paged_decode_attention_lowers(backend):
+@pytest.mark.parametrize("window", [None, WINDOW])
+def test_paged_decode_attention_lowers(backend, window):
     q = jax.ShapeDtypeStruct((B, HQ, D), BF16)
     pages = jax.ShapeDtypeStruct((300, 64, HKV, D), BF16)
     lengths = jax.ShapeDtypeStruct((B,), jnp.int32)
     table = jax.ShapeDtypeStruct((B, 63), jnp.int32)
     bs = paged_ops.BlockSizes().resolve(backend, B, HKV, 63)
-    kw = dict(sm_scale=0.1, num_splits=bs.num_splits, interpret=False)
+    kw = dict(sm_scale=0.1, num_splits=bs.num_splits, interpret=False, window=window)
 
     def fn(q, k, v, n, t):
         return decode_ops.run_split_k(
