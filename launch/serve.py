@@ -99,7 +99,8 @@ def main(argv) -> int:
     from jaxrl.config import ConfigError
     from jaxrl.service.backend import Backend
     from jaxrl.service.limits import MB, Limits
-    from jaxrl.service.server import Service, serve
+    from jaxrl.service.running import serve
+    from jaxrl.service.server import Service
 
     try:
         backend = Backend.load(args.base_model, max_len=args.max_len, num_slots=args.num_slots,

@@ -321,9 +321,15 @@ class Backend:
 
     # ---------------------------------------------------------------------- saved weights
 
-    def save(self, model_id: str, kind: str, name: str | None, with_optimizer: bool) -> str:
+    def saved(self, path: str) -> bool:
+        """Whether weights are saved at `path` (in memory or on disk)."""
+        return path in self.snapshots or (self.store is not None and self.store.has(path))
+
+    def save(self, model_id: str, kind: str, name: str | None, with_optimizer: bool,
+             overwrite: bool = True) -> str:
         """Snapshot the client's adapters (and Adam state `with_optimizer`) as
-        tinker://<model_id>/<kind>/<name>; written to disk (atomically) when there is a store."""
+        tinker://<model_id>/<kind>/<name>; written to disk (atomically) when there is a store.
+        Not `overwrite`: a save already at that path is refused."""
         m = self.get(model_id)
         name = name or f"{kind}-{next(self._ids)}"
         path = f"tinker://{model_id}/{kind}/{name}"
@@ -331,6 +337,8 @@ class Backend:
             parse_path(path)
         except BadPath as e:
             raise UserError(f"save: {e}") from e
+        if not overwrite and self.saved(path):
+            raise UserError(f"save_state: {path} exists; pass overwrite=True to replace it")
         mu, nu = _copy(tinker.adam_moments(m.opt_state)) if with_optimizer else (None, None)
         snap = Snapshot(m.lora, m.graphdef, _copy(m.adapters), mu, nu, m.steps)
         if self.store is not None:

@@ -33,7 +33,6 @@ import hashlib
 import itertools
 import logging
 import re
-import threading
 import traceback
 import uuid
 
@@ -42,6 +41,7 @@ from aiohttp import web
 from jaxrl.service.backend import Backend, NotFound, UserError, lora_config
 from jaxrl.service.limits import Limits, SampleRequest, json_object
 from jaxrl.service.logs import log_outcome, refused
+from jaxrl.service.running import Running, serve  # noqa: F401 - the server's entry points
 from jaxrl.service.store import BadPath, check_model_id, check_name, parse_path
 from jaxrl.service.wire import (
     WireError,
@@ -84,6 +84,8 @@ class Service:
         self.sessions: dict[str, str | None] = {}  # session id -> owner
         self.samplers: dict[str, tuple] = {}  # session -> (weights path or None: base, owner)
         self.model_owner: dict[str, str | None] = {}
+        self.inflight: dict[str, str] = {}  # model id -> path of its latest inflight save
+        self.inflight_sessions: dict[str, str] = {}  # inflight sampling session -> model id
         self._ids = itertools.count()
 
     # ----------------------------------------------------------------------------- plumbing
@@ -324,11 +326,15 @@ class Service:
     async def save_weights(self, request):
         body = await _body(request)
         self._model(request, body["model_id"])
-        if body.get("path") is not None:
-            check_name(body["path"], "save_state name")
+        name, overwrite = body.get("path"), bool(body.get("overwrite", False))
+        if name is not None:
+            check_name(name, "save_state name")
+            path = f"tinker://{body['model_id']}/weights/{name}"
+            if not overwrite and self.backend.saved(path):  # (checked again when it runs)
+                raise UserError(f"save_state: {path} exists; pass overwrite=True to replace it")
 
         def run():
-            path = self.backend.save(body["model_id"], "weights", body.get("path"), True)
+            path = self.backend.save(body["model_id"], "weights", name, True, overwrite)
             return {"type": "save_weights", "path": path}
 
         return self.submit(request, run, model_id=body["model_id"])
@@ -384,16 +390,25 @@ class Service:
     async def save_weights_for_sampler(self, request):
         body = await _body(request)
         self._model(request, body["model_id"])
-        name = body.get("path")
+        name, kind, model_id = body.get("path"), body.get("kind") or "snapshot", body["model_id"]
         if name is not None:
             check_name(name, "save_weights_for_sampler name")
+        if kind not in ("snapshot", "inflight"):
+            raise UserError(f"save_weights_for_sampler: kind {kind!r} is not one of 'snapshot', "
+                            "'inflight'")
+        if kind == "inflight" and name is not None:
+            raise UserError("save_weights_for_sampler: an inflight save is not named (it "
+                            "publishes the client's shared sampling weights)")
         owner = self._owner(request)
 
         def run():
-            path = self.backend.save(body["model_id"], "sampler_weights", name, False)
+            path = self.backend.save(model_id, "sampler_weights", name, False)
             if name is not None:
                 return {"type": "save_weights_for_sampler", "path": path}
             sid = self._new_sampler(path, owner)
+            if kind == "inflight":  # every inflight session of the client samples this now
+                self.inflight[model_id] = path
+                self.inflight_sessions[sid] = model_id
             return {"type": "save_weights_for_sampler", "sampling_session_id": sid}
 
         return self.submit(request, run, model_id=body["model_id"])
@@ -416,6 +431,8 @@ class Service:
                 self.samplers[sid] = (record["model_path"], record["owner"])
         if sid not in self.samplers or not self._allowed(request, self.samplers[sid][1]):
             raise NotFound(f"unknown sampler {sid!r}")
+        if sid in self.inflight_sessions:  # the client's latest inflight save
+            return self.inflight[self.inflight_sessions[sid]]
         return self.samplers[sid][0]
 
     async def create_sampling_session(self, request):
@@ -441,6 +458,10 @@ class Service:
                 raise UserError(f"sample: {key} is not supported by this server")
         if body.get("target_prompt_logprobs") is not None:
             raise UserError("sample: target_prompt_logprobs is not supported by this server")
+        if body.get("record_stability_info"):
+            raise UserError("sample: record_stability_info is not supported by this server "
+                            "(it records sampling-time data for the stable_reinforce loss, "
+                            "which this server does not have)")
         # the limits first: nothing is looked up or queued for a request that cannot be served
         req = SampleRequest.parse(body, self.limits, self.backend.max_len,
                                   self.backend.cfg.vocab_size)
@@ -453,7 +474,7 @@ class Service:
             self._check_base(body.get("base_model"))
             path = None
         snap = None if path is None else self._snapshot(request, path)
-        want_prompt_lp = bool(body.get("prompt_logprobs"))
+        prompt_lp_from = _prompt_logprobs_from(body, len(req.prompt))
 
         def run_many(items):  # queued requests of one sample_key: one decode batch, in steps
             steps = self.backend.sample_steps([(snap, prompt, params, stop)
@@ -461,10 +482,10 @@ class Service:
             for done in steps:
                 yield {i: d if isinstance(d, Exception) else encode_sample_response(
                     [(c.tokens, c.logprobs, c.finish_reason) for c in d],
-                    self.backend.prompt_logprobs(items[i][0], items[i][1]) if items[i][4]
-                    else None) for i, d in done.items()}
+                    _prompt_logprobs(self.backend, *items[i][:2], items[i][4]))
+                    for i, d in done.items()}
 
-        item = (snap, req.prompt, req.params, req.stop, want_prompt_lp)
+        item = (snap, req.prompt, req.params, req.stop, prompt_lp_from)
         seq_ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(req.params.n)]
         # the base model or full parameters: a batch of its own
         key = self.backend.sample_key(snap) or ("sample", "alone", next(self._ids))
@@ -513,62 +534,32 @@ def _key_id(request: web.Request) -> str:
     return "no key" if key is None else owner_of(key)
 
 
+def _prompt_logprobs_from(body: dict, prompt_len: int) -> int | None:
+    """The first prompt position whose log-probability is returned (None: none are): 0, or
+    `len(prompt) - prompt_logprobs_last_n`."""
+    last_n = body.get("prompt_logprobs_last_n")
+    if not body.get("prompt_logprobs"):
+        if last_n is not None:
+            raise UserError("sample: prompt_logprobs_last_n needs prompt_logprobs=True")
+        return None
+    if last_n is None:
+        return 0
+    if not isinstance(last_n, int) or not 1 <= last_n <= prompt_len - 1:
+        raise UserError(f"sample: prompt_logprobs_last_n must be an integer in 1..len(prompt) "
+                        f"- 1 = {prompt_len - 1}, got {last_n!r}")
+    return prompt_len - last_n
+
+
+def _prompt_logprobs(backend: Backend, snap, prompt: list[int], start: int | None):
+    """The prompt's log-probabilities from position `start` on (NaN before it: the SDK's None);
+    None when not asked for."""
+    if start is None:
+        return None
+    logp = backend.prompt_logprobs(snap, prompt)
+    logp[:start] = float("nan")
+    return logp
+
+
 async def _body(request: web.Request) -> dict:
     """The request's JSON body, which must be an object (read within the body size limit)."""
     return json_object(await request.read(), request.path.rsplit("/", 1)[-1])
-
-
-# ------------------------------------------------------------------------------- starting
-
-
-def _check_ready(runner) -> int:
-    return runner.addresses[0][1]
-
-
-class Running:
-    """A server on its own event-loop thread (tests, benchmarks): `.url`, `.stop()`."""
-
-    def __init__(self, service: Service, host: str = "127.0.0.1", port: int = 0):
-        self.service, self._loop = service, asyncio.new_event_loop()
-        started = threading.Event()
-
-        async def start():
-            # a short grace: stop() cuts held-open polls as a crash would (the SDK reconnects)
-            self._runner = web.AppRunner(service.app(), access_log=None, shutdown_timeout=0.5)
-            await self._runner.setup()
-            await web.TCPSite(self._runner, host, port).start()
-            self.url = f"http://{host}:{_check_ready(self._runner)}"
-            started.set()
-
-        self._thread = threading.Thread(
-            target=lambda: (self._loop.run_until_complete(start()), self._loop.run_forever()),
-            daemon=True)
-        self._thread.start()
-        if not started.wait(30):
-            raise RuntimeError("the service did not start within 30 s")
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self.service.worker.shutdown(wait=False, cancel_futures=True)
-
-
-def serve(service: Service, host: str, port: int) -> None:
-    """Serve until interrupted; print the URL once requests are accepted."""
-
-    async def main():
-        runner = web.AppRunner(service.app(), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, host, port).start()
-        print(f"jaxrl service: http://{host}:{_check_ready(runner)}", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
-

@@ -119,6 +119,10 @@ class Store:
         np.savez(buf, **arrays)
         atomic_write(self._file(path), buf.getvalue())
 
+    def has(self, path: str) -> bool:
+        """Whether weights are saved at `path`."""
+        return self._file(path).exists()
+
     def load_weights(self, path: str, like: dict) -> tuple[dict, dict] | None:
         """(meta, trees shaped as `like(meta)`), or None if nothing is saved at `path`.
         `like(meta)` gives the expected pytree per prefix present in the file."""

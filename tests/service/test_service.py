@@ -304,3 +304,37 @@ def test_each_refused_or_failed_request_is_one_log_line(server, caplog, monkeypa
     assert lines[2:] == [("ERROR", f"failed POST /api/v1/optim_step {rid} ({owner}): "
                                    "RuntimeError: disk on fire")], lines
     assert not any("tml-logged" in r.getMessage() for r in caplog.records)
+
+
+def test_options_are_done_or_refused_never_ignored(client):
+    """Issue 48 item 2: `save_state(overwrite=False)` refuses an existing name,
+    `kind="inflight"` sampling clients follow the client's latest inflight save,
+    `prompt_logprobs_last_n` scores only the prompt's last N tokens, and
+    `record_stability_info` is refused (no stable_reinforce here)."""
+    tc = client.create_lora_training_client(base_model="tiny", rank=4, seed=5).result()
+    first = tc.save_state("ckpt").result().path
+    with pytest.raises(tinker.BadRequestError, match=f"{first} exists; pass overwrite=True"):
+        tc.save_state("ckpt").result()
+    assert tc.save_state("ckpt", overwrite=True).result().path == first
+
+    prompt = types.ModelInput.from_ints([3, 4, 5, 6, 7])
+    greedy = types.SamplingParams(max_tokens=2, temperature=0.0)
+
+    def prompt_lp(sc, **kw):
+        return sc.sample(prompt, 1, greedy, include_prompt_logprobs=True, **kw
+                         ).result().prompt_logprobs
+
+    inflight_a = tc.save_weights_and_get_sampling_client(kind="inflight").result()
+    w1 = tc.save_weights_and_get_sampling_client().result()  # a snapshot of the same weights
+    assert prompt_lp(inflight_a) == prompt_lp(w1)
+    train(tc, DATA_A, 1)
+    inflight_b = tc.save_weights_and_get_sampling_client(kind="inflight").result()
+    assert prompt_lp(inflight_a) == prompt_lp(inflight_b) != prompt_lp(w1)  # both on W2
+
+    full = prompt_lp(w1)
+    assert prompt_lp(w1, prompt_logprobs_last_n=2) == [None, None, None, *full[3:]]
+    with pytest.raises(tinker.BadRequestError, match=r"in 1..len\(prompt\) - 1 = 4, got 5"):
+        prompt_lp(w1, prompt_logprobs_last_n=5)
+    stable = tc.save_weights_and_get_sampling_client(record_stability_info=True).result()
+    with pytest.raises(tinker.BadRequestError, match="record_stability_info is not supported"):
+        stable.sample(prompt, 1, greedy).result()
