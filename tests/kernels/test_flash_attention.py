@@ -6,11 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 from kernel_testing import (
     GRAD_TOLERANCES,
     TOLERANCES,
     assert_close,
     attention_f64,
+    pallas_grids,
     sliding_window_visible,
 )
 
@@ -245,3 +247,18 @@ def test_window_rejects_bad_values(kwargs, match):
     q, k, v = _inputs(1, 8, 8, 2, 2, 16, jnp.float32)
     with pytest.raises(ValueError, match=match):
         jaxrl_kernels.flash_attention(q, k, v, interpret=True, **kwargs)
+
+
+def test_window_shrinks_the_tpu_grids():
+    """T = 128, q blocks of 32, kv blocks of 16, window 16: a q block needs at most 3 kv blocks
+    (not all 8) and a kv block is seen by at most 2 q blocks (not all 4), forward and backward."""
+    q, k, v = _inputs(1, 128, 128, 1, 1, 32, jnp.float32)
+    tpu = dict(backend="tpu", interpret=pltpu.InterpretParams(), block_sizes=SMALL)
+    for window, kv_steps, q_steps in ((None, 8, 4), (16, 3, 2)):
+        loss = lambda q, k, v, w=window: jaxrl_kernels.flash_attention(
+            q, k, v, window=w, **tpu
+        ).sum()
+        grad = jax.grad(loss, argnums=(0, 1, 2))
+        forward, dkv, dq = pallas_grids(grad, q, k, v)
+        assert forward == dq == (1, 1, 4, kv_steps)
+        assert dkv == (1, 1, 8, q_steps)
