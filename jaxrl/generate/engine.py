@@ -118,6 +118,7 @@ class JaxEngine:
             raise ValueError(f"JaxEngine: prefill_buckets must lie in [1, max_len={max_len}], "
                              f"got {buckets}")
         self.prefill_buckets = tuple(buckets)
+        self.prefill_shapes: set[tuple[int, int]] = set()  # (rows, bucket) called, `precompile`
         self.graphdef, state = nnx.split(model)
         self._param_shardings = None
         if mesh is not None:
@@ -299,6 +300,7 @@ class JaxEngine:
         bucket = self.bucket_for(true_length)
         padded = np.zeros((1, bucket), np.int32)
         padded[0, :true_length] = np.asarray(tokens[:true_length], np.int32)
+        self.prefill_shapes.add((1, bucket))
         with self.mesh_context(params):
             return self._prefill_fn(params, padded, np.int32(true_length))
 
@@ -328,6 +330,7 @@ class JaxEngine:
                 if rows == 1:
                     out[part[0]] = self.prefill(params, prompts[part[0]])
                     continue
+                self.prefill_shapes.add((rows, bucket))
                 tokens = np.zeros((rows, bucket), np.int32)
                 lengths = np.ones((rows,), np.int32)  # padding rows: one token, results dropped
                 for r, i in enumerate(part):
@@ -378,6 +381,46 @@ class JaxEngine:
             time.sleep(self.debug_delay_s)  # an artificially slow generator (tests, benchmarks)
         with self.mesh_context(decode_state):
             return self._chunk_fns[self.chunk_steps](params, decode_state, np.int32(target))
+
+    def precompile(self, prefill_shapes: Sequence[tuple[int, int]] = ()) -> int:
+        """Compile this engine's executables before their first call (`jit(...).lower(...)
+        .compile()` on abstract arguments with its shardings; later calls reuse them): the empty
+        decode state, both decode-chunk sizes, `release`, and `prefill` / `prefill_many` of each
+        `(rows, bucket)` in `prefill_shapes` (another engine's `prefill_shapes`) with the
+        `insert` of its prefixes. Needs a mesh; with its weights released, `set_params` first.
+        Returns the number compiled."""
+        if self.mesh is None or self.params is None:
+            weights = "released" if self.params is None else "set"
+            raise ValueError("precompile: needs an engine on a mesh holding its weights (mesh "
+                             f"{self.mesh}, weights {weights})")
+        sds = lambda x, sh=None: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
+        i32 = jax.ShapeDtypeStruct((), np.int32)
+        rows_on = lambda shape: jax.ShapeDtypeStruct(shape, np.int32, sharding=logical_sharding(
+            self.mesh, "generator", ("cache_batch",) + (None,) * (len(shape) - 1), shape))
+        state = jax.tree.map(sds, jax.eval_shape(self._empty_state), self._state_shardings)
+        slot = self.slot_params(key_data=np.zeros(2, np.uint32), sample_index=0,
+                                temperature=1.0, top_k=0, top_p=1.0, max_tokens=1,
+                                stop_token_ids=())
+        slot = jax.tree.map(lambda x: sds(np.asarray(x)), slot)
+        if self._init_state_fn is None:
+            self._init_state_fn = jax.jit(self._empty_state, out_shardings=self._state_shardings)
+        with jax.set_mesh(self.mesh):
+            lowered = [self._init_state_fn.lower(), self._release_fn.lower(state, i32)]
+            lowered += [fn.lower(self.params, state, i32) for fn in self._chunk_fns.values()]
+            for rows, bucket in sorted(set(prefill_shapes)):
+                if rows == 1:
+                    tokens = jax.ShapeDtypeStruct((1, bucket), np.int32)
+                    lower = self._prefill_fn.lower(self.params, tokens, i32)
+                else:
+                    lower = self._prefill_rows_fn.lower(self.params, rows_on((rows, bucket)),
+                                                        rows_on((rows,)))
+                compiled = lower.compile()
+                prefix = jax.tree.map(sds, lower.out_info, compiled.output_shardings)
+                prefix = prefix if rows == 1 else prefix[0]
+                lowered.append(self._insert_fn.lower(prefix, state, i32, slot))
+            for lower in lowered:
+                lower.compile()
+        return len(lowered) + len(set(prefill_shapes))
 
     def mesh_context(self, *args):
         """The generator mesh in context (`jax.set_mesh`) while tracing / running, so Pallas

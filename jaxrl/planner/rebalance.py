@@ -9,17 +9,25 @@ trainer consumes `t*T` and the generator produces `g*G` samples per busy second,
 
 1. smooths the per-chip rates `t = consumed/T` and `g = produced/G` (exponential average);
 2. predicts the throughput of every feasible split in steps of `granularity` chips;
-3. moves to the best one when, over `horizon_s` seconds (or the time the run has left, if
-   shorter), the predicted gain pays for the
-   measured cost of a move (samples not consumed while it runs) and the relative gain exceeds
-   `margin`, at least `min_interval` steps have passed since the last move, and the same move
-   was proposed on `confirm` consecutive steps.
+3. names the best one a candidate when the relative gain exceeds `margin` and the move pays for
+   itself before the run ends: with `steps_left` known, (seconds saved per step x the steps
+   left once the candidate is compiled) > (the pause + the compile cost not yet hidden); with
+   no end known, the gain over `horizon_s` pays for the same cost in samples. No move in the
+   run's last `final_steps` steps;
+4. moves to the candidate once it was named on `confirm` consecutive steps, at least
+   `min_interval` steps have passed since the last move, and it is compiled (`ready`): a run
+   compiles a candidate's executables ahead on a background thread (jaxrl/rl/compile_ahead.py),
+   so once ready its compile cost is spent and only the pause is left to pay.
 
 `margin` and `confirm` are the hysteresis: a move changes the split only for a gain that rate
-noise does not explain, and moving back needs the same. The cost starts at `cost_s` and becomes
+noise does not explain, and moving back needs the same. The pause starts at `cost_s` and becomes
 the measured one after each move (`moved`, then `add_cost` for what the move costs later: in a
-live run, the first step after it recompiles). Every decision carries its predicted rate, compared
-with the rate first observed after it (`Decision.measured_rate`, filled in later).
+live run, compilation the compile-ahead missed). The compile cost (what compiling in the
+background slows the running steps by, and how long it takes) starts at `compile_cost_s`
+(default: `cost_s`) and becomes the measured one (`compiled`). Every decision carries its
+predicted rate and payback (the steps its gain takes to repay its cost), compared with those
+measured after it (`Decision.measured_rate`, `measured_payback_steps`, filled in later).
+`last_reason` says why the last step did not move.
 
 `simulate_rebalancing` is a step-level simulation (each step's time from `pipeline_rates` at the
 split, noisy measured rates, a move's cost added to wall time), not the discrete-event
@@ -45,12 +53,17 @@ class RebalanceConfig:
     cost_s: float = 30.0  # assumed cost of a move until one is measured
     smoothing: float = 0.3  # weight of the newest step in the rate averages
     confirm: int = 3  # consecutive steps that must propose the same move before it is made
+    final_steps: int = 2  # no move when this many steps or fewer are left
+    compile_cost_s: float | None = None  # assumed compile-ahead cost until measured (cost_s)
 
     def __post_init__(self):
         if self.granularity < 1 or self.min_interval < 0 or self.margin < 0 or self.confirm < 1:
             raise ValueError(f"RebalanceConfig: need granularity >= 1, min_interval >= 0, "
                              f"margin >= 0, confirm >= 1; got {self.granularity}, "
                              f"{self.min_interval}, {self.margin}, {self.confirm}")
+        if self.final_steps < 0 or not (self.compile_cost_s is None or self.compile_cost_s >= 0):
+            raise ValueError(f"RebalanceConfig: need final_steps >= 0, compile_cost_s >= 0 (or "
+                             f"None); got {self.final_steps}, {self.compile_cost_s}")
         if not (self.horizon_s > 0 and self.cost_s >= 0 and 0 < self.smoothing <= 1):
             raise ValueError(f"RebalanceConfig: need horizon_s > 0, cost_s >= 0, 0 < smoothing "
                              f"<= 1; got {self.horizon_s}, {self.cost_s}, {self.smoothing}")
@@ -66,14 +79,33 @@ class Decision:
     cost_s: float  # the cost assumed when deciding
     measured_cost_s: float | None = None
     measured_rate: float | None = None  # consumed samples/s measured after the move
+    steps_left: int | None = None  # steps the run had left after the move (None: unbounded)
+    gain_s: float = float("nan")  # predicted seconds saved per step (a batch each)
+    measured_gain_s: float | None = None  # measured: step time before - after
+
+    @property
+    def payback_steps(self) -> float:
+        """Predicted steps until the gain repays the move's cost."""
+        return self.cost_s / self.gain_s if self.gain_s > 0 else float("inf")
+
+    @property
+    def measured_payback_steps(self) -> float | None:
+        if self.measured_gain_s is None or self.measured_cost_s is None:
+            return None
+        g = self.measured_gain_s
+        return self.measured_cost_s / g if g > 0 else float("inf")
 
     def log_line(self) -> str:
         meas = "" if self.measured_rate is None else f", measured {self.measured_rate:.3g}/s"
         if self.measured_cost_s is not None:
             meas += f", measured cost {self.measured_cost_s:.3g}s"
+        if self.measured_payback_steps is not None:
+            meas += f", measured payback {self.measured_payback_steps:.3g} steps"
+        left = "" if self.steps_left is None else f" of {self.steps_left} left"
         return (f"rebalance at step {self.step}: {self.old[0]}:{self.old[1]} -> "
                 f"{self.new[0]}:{self.new[1]}, predicted {self.current_rate:.3g} -> "
-                f"{self.predicted_rate:.3g} samples/s, move cost {self.cost_s:.3g}s{meas}")
+                f"{self.predicted_rate:.3g} samples/s, move cost {self.cost_s:.3g}s, predicted "
+                f"payback {self.payback_steps:.3g} steps{left}{meas}")
 
 
 Feasible = Callable[[int, int], bool]
@@ -92,6 +124,11 @@ class Rebalancer:
         self.t_rate: float | None = None  # samples/s of trainer busy time per trainer chip
         self.g_rate: float | None = None
         self.cost_s = self.cfg.cost_s
+        cc = self.cfg.compile_cost_s
+        # compile-ahead: its cost to the running steps, and its wall time (steps it delays)
+        self.compile_cost_s = self.compile_wall_s = self.cfg.cost_s if cc is None else cc
+        self.candidate: tuple[int, int] | None = None  # the split worth compiling, if any
+        self.last_reason = ""
         self.since_move = 0
         self._proposed: tuple[tuple[int, int] | None, int] = (None, 0)  # (target, times)
         self.decisions: list[Decision] = []
@@ -119,29 +156,72 @@ class Rebalancer:
             self.decisions[-1].measured_rate = float(min(consumed_per_s, produced_per_s))
         self.since_move += 1
 
-    def decide(self, step: int, remaining_samples: float | None = None) -> Decision | None:
-        """The move to make now, or None (see the module docstring). `remaining_samples`: what
-        the run has left to consume (None: unbounded); a move must pay for itself before the
-        run ends, so the horizon is at most the time those samples take at the new split."""
-        if self.t_rate is None or self.since_move < self.cfg.min_interval:
-            return None
+    def decide(self, step: int, remaining_samples: float | None = None, *,
+               steps_left: int | None = None,
+               ready: Callable[[tuple[int, int]], bool] | None = None) -> Decision | None:
+        """The move to make now, or None (see the module docstring; `last_reason` says why not,
+        `candidate` is the split worth compiling ahead). `steps_left`: the run's steps after
+        this one (None: unbounded, the gain is judged over `horizon_s`, at most the time
+        `remaining_samples` take at the new split). `ready(split)`: whether the split is
+        compiled (None: always; a split not ready is not moved to, and its compile cost and
+        the steps it takes count against it)."""
+        self.candidate = None
+        if self.t_rate is None:
+            return self._no("no rates measured yet")
+        if steps_left is not None and steps_left <= self.cfg.final_steps:
+            return self._no(f"{steps_left} steps left: no move in the last "
+                            f"{self.cfg.final_steps}")
         current = self.throughput(*self.split)
         best = max(self.candidates(), key=lambda s: self.throughput(*s))
         predicted = self.throughput(*best)
         gain = predicted - current
-        horizon = self.cfg.horizon_s
-        if remaining_samples is not None and predicted > 0:
-            horizon = min(horizon, remaining_samples / predicted)
-        pays = gain * horizon > current * self.cost_s  # samples won > samples lost
-        if best == self.split or not pays or gain <= self.cfg.margin * current:
-            self._proposed = (None, 0)
-            return None
+        if best == self.split or gain <= self.cfg.margin * current:
+            return self._no(f"the best split {best[0]}:{best[1]} gains {gain / current:.1%} "
+                            f"(margin {self.cfg.margin:.0%})")
+        compiled = ready is None or ready(best)
+        cost = self.cost_s + (0.0 if compiled else self.compile_cost_s)
+        gain_s = self.batch / current - self.batch / predicted  # seconds saved per step
+        if steps_left is not None:
+            wait = 0 if compiled else int(np.ceil(self.compile_wall_s * current / self.batch))
+            won, why = gain_s * (steps_left - wait), (
+                f"{gain_s:.3g}s/step x {steps_left - wait} steps left")
+        else:
+            horizon = self.cfg.horizon_s
+            if remaining_samples is not None and predicted > 0:
+                horizon = min(horizon, remaining_samples / predicted)
+            won, why = gain * horizon / current, f"{gain:.3g} samples/s over {horizon:.3g}s"
+        if not won > cost:  # in seconds of the current split's time
+            return self._no(f"{self.split[0]}:{self.split[1]} -> {best[0]}:{best[1]} does not "
+                            f"pay: {why} = {won:.3g}s <= cost {cost:.3g}s (pause "
+                            f"{self.cost_s:.3g}s + compile {cost - self.cost_s:.3g}s)")
+        self.candidate = best
+        if self.since_move < self.cfg.min_interval:
+            return self._no(f"{self.since_move} of {self.cfg.min_interval} steps since a move")
         times = self._proposed[1] + 1 if self._proposed[0] == best else 1
         self._proposed = (best, times)
         if times < self.cfg.confirm:
-            return None
+            return self._no(f"{best[0]}:{best[1]} named {times} of {self.cfg.confirm} times")
+        if not compiled:
+            return self._no(f"{best[0]}:{best[1]} is still compiling")
         self._proposed = (None, 0)
-        return Decision(step, self.split, best, current, predicted, self.cost_s)
+        self.last_reason = ""
+        return Decision(step, self.split, best, current, predicted, cost, steps_left=steps_left,
+                        gain_s=gain_s)
+
+    def _no(self, reason: str) -> None:
+        if self.candidate is None:
+            self._proposed = (None, 0)
+        self.last_reason = reason
+        return None
+
+    def hold(self, decision: Decision) -> None:
+        """A decision not carried out (another process did not agree): named again at once."""
+        self._proposed = (decision.new, self.cfg.confirm - 1)
+
+    def compiled(self, wall_s: float, cost_s: float) -> None:
+        """A compile-ahead took `wall_s` on its thread and slowed the running steps by `cost_s`:
+        the next candidates assume these."""
+        self.compile_wall_s, self.compile_cost_s = wall_s, cost_s
 
     def moved(self, decision: Decision, measured_cost_s: float) -> None:
         """The move was made: it took `measured_cost_s` (the next decisions assume that)."""

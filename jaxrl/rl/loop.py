@@ -367,7 +367,7 @@ class Loop:
         for key, value in (first or {}).items():
             row.setdefault(key, value)
         if self.rebalance is not None:
-            added, build = self.rebalance.plan(record)
+            added, build = self.rebalance.plan(record, self.parts)
             row.update(added)
             if build is not None:
                 row.update(self.rebalance.moved(self.swap_parts(build)))

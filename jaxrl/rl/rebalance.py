@@ -15,14 +15,16 @@ import time
 from collections.abc import Sequence
 
 import jax
+import numpy as np
 
 from jaxrl.config.sections import MeshConfig, lead_for
 from jaxrl.planner.rebalance import Decision, RebalanceConfig, Rebalancer
+from jaxrl.rl.compile_ahead import Ahead
 from jaxrl.rl.sync import build_generator
 from jaxrl.sharding import Meshes, make_meshes
 from jaxrl.train.memory.plan import plan_memory
 from jaxrl.train.state import train_state_shardings
-from jaxrl.train.trainer import Trainer, tree_bytes
+from jaxrl.train.trainer import Trainer, precompile_step, tree_bytes
 
 log = logging.getLogger("jaxrl")
 
@@ -67,28 +69,40 @@ class LiveRebalance:
     Each step it feeds the step's measured rates (`pipeline/rollouts_per_s_consumed` and
     `_produced`, per busy second of each role) to the policy (`jaxrl.planner.rebalance.
     Rebalancer`), except on the steps that compile (the first of the run, the `settle` steps
-    after a move), whose rates say little about the split. A decision returns a `build(parts,
-    version) -> Parts` to the loop, which runs it between batches (`Loop.swap_parts`): the
-    trainer moved (`move_trainer`) and the generator rebuilt on its new mesh
-    (`rebuild_generator(mesh, trainer, version) -> jaxrl.rl.sync.Generator`).
+    after a move) or that ran beside a compile-ahead, whose rates say little about the split.
 
-    A move's measured cost is the time both roles were paused plus the recompilation it causes:
-    how much longer the `settle` steps after it took (`pipeline/step_s`) than the first step
-    after them, the first measured at the new split. Every decision is logged with its predicted
-    rate when made, and again at that step with the rate measured there (samples per second of
-    the step's wall time) and its measured cost; the row of the step that moved carries
-    `rebalance/move_s` and the predictions, the measuring row `rebalance/measured_*` and
-    `rebalance/recompile_s`; `pipeline/trainer_chips` / `generator_chips` follow from the next
-    step's row on.
+    Compile before moving: when the policy names a candidate split, `Ahead`
+    (jaxrl/rl/compile_ahead.py) compiles the trainer's step for its trainer mesh
+    (`precompile_step`) and builds its generator with the engine's executables compiled
+    (`rebuild_generator(mesh, params, base, version)` from a copy of the trainer's params, then
+    `JaxEngine.precompile`, then its weights released) on a background thread, while the
+    current split keeps running. The policy moves only once that is ready; the `build(parts,
+    version) -> Parts` it returns to the loop (`Loop.swap_parts`, between batches) then moves the
+    trainer's state (`move_trainer`) and publishes the current weights to the built generator:
+    the pause is the weight move and the engine's new weights, no compilation. Generators built
+    are kept per split (weights and KV cache released), so moving back compiles nothing.
+
+    Costs, each measured and counted by the policy: the compile-ahead's slowdown of the steps
+    it ran beside (their `pipeline/step_s` over the median of the 3 observed before it,
+    `rebalance/compile_ahead_cost_s`, with its wall time `rebalance/compile_ahead_s` and
+    compilations `rebalance/compile_ahead_compiles`), the pause (`rebalance/move_s`), and the
+    compilation it did not hide: how much longer the `settle` steps after the move took than the
+    first step after them (`rebalance/recompile_s`). Every decision is logged when made (its
+    predicted rate and payback, `rebalance/predicted_payback_steps`) and at its first settled
+    step with the measured rate, cost and payback (`rebalance/measured_*`). A step whose best
+    split does not pay logs why (once per reason). With several processes, `agree(key)` returns
+    every process's proposed move; a move is made only when all propose the same one at the
+    same step, else it is refused for that step and the reason logged.
     """
 
     def __init__(self, pipeline_cfg, devices: Sequence[jax.Device], trainer_chips: int, *,
                  trainer_tp: int, generator_tp: int, rebuild_generator=None, fits=None,
-                 batch: int = 1):
+                 batch: int = 1, agree=None):
         self.cfg, self.devices = pipeline_cfg, list(devices)
         self.tp = (trainer_tp, generator_tp)
         self.rebuild_generator = rebuild_generator
         self.fits = fits or (lambda trainer_shape, generator_shape: True)
+        self.agree = agree  # None: one process
         self.configured, self.batch = trainer_chips, batch
         self.mirrored = False  # the state is on the devices in reverse order (forced moves)
         self.moves = 0
@@ -102,11 +116,18 @@ class LiveRebalance:
         self._unmeasured = None  # the last decision, until its measured effect is logged
         self._pending = None  # (decision, mirrored) of the move the loop is making
         # after a move, the steps until the first batch of the rebuilt engine is trained on:
-        # the first recompiles the train step; the generator finishes the batch it was making
-        # and those it may run ahead (lead_for) on the old engine, then compiles the new one
+        # the first would recompile the train step; the generator finishes the batch it was
+        # making and those it may run ahead (lead_for) on the old engine
         self.settle = 2 + lead_for(pipeline_cfg.mode, pipeline_cfg.max_staleness)
         self._settling = 1  # steps left that compile; the run's first compiles both roles
         self._settle_s: list[float] = []  # those steps' seconds, after a move
+        self._recent: list[float] = []  # the last observed steps' seconds
+        self._before_s = float("nan")  # the step time before the last move
+        self.ahead: Ahead | None = None  # the running (or finished, unclaimed) compile-ahead
+        self._ahead_counting = False  # it is running: the steps beside it count its cost
+        self._ahead_cost_s = 0.0  # the slowdown of the steps it ran beside
+        self._generators: dict = {}  # (trainer_chips, mirrored) -> built Generator
+        self._said = ""
 
     def feasible(self, trainer_chips: int, generator_chips: int) -> bool:
         """The tp sizes divide both roles, and the memory plan says both fit."""
@@ -115,28 +136,27 @@ class LiveRebalance:
             return False
         return self.fits((trainer_chips // t_tp, t_tp), (generator_chips // g_tp, g_tp))
 
-    def plan(self, record) -> tuple[dict, object]:
-        """The columns this step adds (a measured move's effect) and, when the policy (or
-        `rebalance_every`) decides to move, the `build` the loop runs (else None)."""
+    def plan(self, record, parts=None) -> tuple[dict, object]:
+        """The columns this step adds (a measured move's effect, a finished compile-ahead) and,
+        when the policy (or `rebalance_every`) decides to move, the `build` the loop runs (else
+        None). `parts`: the loop's parts in use (a compile-ahead starts from them)."""
         row, added = record.row, {}
         pol, step_s = self.policy, row.get("pipeline/step_s", float("nan"))
-        done = self._unmeasured
+        beside = self.ahead is not None and self._ahead_counting
+        if beside:  # this step ran beside a compile-ahead: its extra time is the compiler's
+            base = float(np.median(self._recent)) if self._recent else step_s
+            self._ahead_cost_s += max(0.0, step_s - base)
+            self._ahead_counting = not self.ahead.ready()
+            if not self._ahead_counting:
+                added.update(self._compiled())
         if self._settling:  # its rates are the compiler's; after a move, its time is the cost's
             self._settling -= 1
             self._settle_s.append(step_s)
-        else:
+        elif not beside:
+            self._recent = [*self._recent[-2:], step_s]
             pol.observe(row.get("pipeline/rollouts_per_s_consumed", float("nan")),
                         row.get("pipeline/rollouts_per_s_produced", float("nan")))
-            if done is not None and done.measured_rate is not None:
-                done.measured_rate = self.batch / step_s  # samples per second of wall time
-                extra = max(0.0, sum(self._settle_s) - len(self._settle_s) * step_s)
-                pol.add_cost(done, extra)
-                log.info("%s (the %d steps after it took %.2fs more than this one: "
-                         "recompilation)", done.log_line(), len(self._settle_s), extra)
-                added.update({"rebalance/measured_samples_per_s": done.measured_rate,
-                              "rebalance/recompile_s": extra,
-                              "rebalance/measured_cost_s": done.measured_cost_s})
-                self._unmeasured = None
+            added.update(self._measure(step_s))
         steps_done = record.steps_done
         if steps_done >= self.cfg.steps:
             return added, None
@@ -150,24 +170,149 @@ class LiveRebalance:
             rate = (lambda s: pol.throughput(*s)) if pol.t_rate else (lambda s: float("nan"))
             decision = Decision(steps_done, pol.split, new, rate(pol.split), rate(new), pol.cost_s)
             mirrored = not self.mirrored
+            if parts is not None:  # compiled now, in the pause (a forced move does not wait)
+                self._start_ahead((new[0], mirrored), parts).result()
         elif self.cfg.rebalance == "auto":
-            decision = pol.decide(steps_done,
-                                  remaining_samples=(self.cfg.steps - steps_done) * self.batch)
+            ready = lambda split: self._ready((split[0], mirrored), parts)
+            decision = pol.decide(steps_done, steps_left=self.cfg.steps - steps_done,
+                                  ready=ready)
+            if decision is None:
+                self._say(pol.last_reason)
+                key = None if pol.candidate is None else (pol.candidate[0], mirrored)
+                if key is not None and parts is not None and not self._ready(key, parts) and (
+                        self.ahead is None or not self._ahead_counting):
+                    self._start_ahead(key, parts)
+        if self.agree is not None:  # a collective: every process asks at every step
+            decision = self._agreed(decision, mirrored)
         if decision is None:
             return added, None
         self._pending = (decision, mirrored)
         return added, self.build(decision.new[0], mirrored=mirrored)
 
+    # ------------------------------------------------------------------ compile ahead
+
+    def _ready(self, key, parts) -> bool:
+        """Whether the split `key` is compiled (its generator built and its step compiled)."""
+        if parts is None:  # no parts to compile from (a policy test): nothing to wait for
+            return True
+        ahead = self.ahead
+        return key in self._generators or (ahead is not None and ahead.key == key and
+                                           ahead.ready() and not self._ahead_counting)
+
+    def _start_ahead(self, key, parts) -> Ahead:
+        """Compile the split `key` = (trainer_chips, mirrored) on a background thread."""
+        trainer, engine = parts.trainer, parts.generator.engine
+        meshes = self._meshes(*key)
+        built = self._generators.get(key)
+        params, base, version = None, trainer.frozen, 0
+        # with several processes the generator is built in the move, on the step all agreed on
+        # (its weights cross processes); only the trainer's step is compiled ahead
+        build_ahead = self.rebuild_generator is not None and self.agree is None
+        if built is None and build_ahead:
+            # a copy: the train step donates the state's buffers; no compilation (device_put)
+            params = jax.device_put(trainer.state.params, may_alias=False)
+            version = int(jax.device_get(trainer.state.step))
+        shapes = tuple(getattr(engine, "prefill_shapes", set()).copy())
+
+        def work():
+            compiled = precompile_step(trainer, meshes.trainer)
+            generator = built
+            if generator is None and build_ahead:
+                generator = self.rebuild_generator(meshes.generator, params, base, version)
+                if hasattr(generator.engine, "precompile"):
+                    compiled += generator.engine.precompile(shapes)
+                generator.scheduler.release()  # its weights come with the move
+            return meshes, generator, compiled
+
+        self.ahead, self._ahead_cost_s, self._ahead_counting = Ahead(key, work), 0.0, True
+        log.info("rebalance: compiling %d:%d ahead on a background thread", key[0],
+                 len(self.devices) - key[0])
+        return self.ahead
+
+    def _compiled(self) -> dict:
+        """The compile-ahead finished: its measured cost goes to the policy, its generator to
+        the built ones."""
+        ahead = self.ahead
+        meshes, generator, n = ahead.result()
+        if generator is not None:
+            self._generators[ahead.key] = generator
+        self.policy.compiled(ahead.seconds, self._ahead_cost_s)
+        log.info("rebalance: %d:%d compiled ahead: %d executables, %.2fs on its thread, "
+                 "%.2fs slower running steps beside it", ahead.key[0],
+                 len(self.devices) - ahead.key[0], n, ahead.seconds, self._ahead_cost_s)
+        return {"rebalance/compile_ahead_s": ahead.seconds,
+                "rebalance/compile_ahead_cost_s": self._ahead_cost_s,
+                "rebalance/compile_ahead_compiles": float(ahead.compiles)}
+
+    def _agreed(self, decision, mirrored):
+        """Every process's proposal for this step (`agree`, called by every process at every
+        step); the decision if all are the same, else None (the move refused for this step,
+        the reason logged)."""
+        mine = None if decision is None else (decision.new[0], mirrored)
+        everyone = [tuple(p) if p is not None else None for p in self.agree(mine)]
+        if all(p == mine for p in everyone):
+            return decision
+        if decision is None:
+            return None
+        self.policy.hold(decision)
+        log.warning("rebalance: move to %d:%d refused at step %d: the processes did not agree "
+                    "(proposals %s; None = not ready or not paying there)", decision.new[0],
+                    decision.new[1], decision.step, everyone)
+        return None
+
+    def _say(self, reason: str) -> None:
+        if reason and reason != self._said:
+            log.info("rebalance: no move: %s", reason)
+        self._said = reason
+
+    def _measure(self, step_s: float) -> dict:
+        """The first observed step after a move: the move's measured effect."""
+        done = self._unmeasured
+        if done is None or done.measured_rate is None:
+            return {}
+        done.measured_rate = self.batch / step_s  # samples per second of wall time
+        extra = max(0.0, sum(self._settle_s) - len(self._settle_s) * step_s)
+        self.policy.add_cost(done, extra)
+        done.measured_gain_s = self._before_s - step_s
+        log.info("%s (the %d steps after it took %.2fs more than this one: compilation not "
+                 "hidden)", done.log_line(), len(self._settle_s), extra)
+        self._unmeasured = None
+        return {"rebalance/measured_samples_per_s": done.measured_rate,
+                "rebalance/recompile_s": extra,
+                "rebalance/measured_cost_s": done.measured_cost_s,
+                "rebalance/measured_payback_steps": done.measured_payback_steps}
+
+    # ------------------------------------------------------------------ the move
+
+    def _meshes(self, trainer_chips: int, mirrored: bool) -> Meshes:
+        devices = self.devices[::-1] if mirrored else self.devices
+        return split_meshes(devices, trainer_chips, trainer_tp=self.tp[0],
+                            generator_tp=self.tp[1])
+
     def build(self, trainer_chips: int, *, mirrored: bool = False):
         """`build(parts, version) -> Parts` moving to `trainer_chips` of the devices
-        (`mirrored`: counted from the last device)."""
-        devices = self.devices[::-1] if mirrored else self.devices
-        meshes = split_meshes(devices, trainer_chips, trainer_tp=self.tp[0],
-                              generator_tp=self.tp[1])
+        (`mirrored`: counted from the last device), with the generator compiled ahead for it
+        (else one built now)."""
+        key, old_key = (trainer_chips, mirrored), (self.policy.split[0], self.mirrored)
+        if self.ahead is not None and self.ahead.key == key:
+            if self._ahead_counting:  # a forced move's, finished in the pause
+                self._ahead_counting = False
+                self._compiled()
+            self.ahead = None
+        meshes = self._meshes(*key)
 
         def build(parts, version: int):
             trainer, _, _ = move_trainer(parts.trainer, meshes.trainer)
-            generator = self.rebuild_generator(meshes.generator, trainer, version)
+            generator = self._generators.pop(key, None)
+            if generator is None:
+                generator = self.rebuild_generator(meshes.generator, trainer.state.params,
+                                                   trainer.frozen, version)
+            else:
+                params, _ = generator.publisher.publish(trainer.state.params, version)
+                generator.scheduler.set_params(params, version)
+            if getattr(parts.generator, "scheduler", None) is not None:
+                parts.generator.scheduler.release()  # kept for a move back, without weights
+                self._generators[old_key] = parts.generator
             return dataclasses.replace(parts, trainer=trainer, generator=generator,
                                        trainer_chips=meshes.trainer.size,
                                        generator_chips=meshes.generator.size)
@@ -180,12 +325,16 @@ class LiveRebalance:
         self._pending, self.moves = None, self.moves + 1
         self.policy.moved(decision, seconds)
         self._unmeasured, self._settling, self._settle_s = decision, self.settle, []
+        self._before_s = float(np.median(self._recent)) if self._recent else float("nan")
+        self._recent = []
         log.info("%s (assumed); the move took %.2fs", decision.log_line(), seconds)
         return {"rebalance/move_s": seconds,
                 "rebalance/from_trainer_chips": float(decision.old[0]),
                 "rebalance/to_trainer_chips": float(decision.new[0]),
                 "rebalance/current_samples_per_s": decision.current_rate,
-                "rebalance/predicted_samples_per_s": decision.predicted_rate}
+                "rebalance/predicted_samples_per_s": decision.predicted_rate,
+                "rebalance/predicted_payback_steps": decision.payback_steps,
+                "rebalance/steps_left": float(decision.steps_left or 0)}
 
 
 def build_rebalance(cfg, model_cfg, meshes, seq_len: int, tokenizer) -> LiveRebalance | None:
@@ -196,10 +345,10 @@ def build_rebalance(cfg, model_cfg, meshes, seq_len: int, tokenizer) -> LiveReba
     if cfg.pipeline.rebalance == "off" and not cfg.pipeline.rebalance_every:
         return None
 
-    def rebuild_generator(mesh, trainer, version: int):
-        return build_generator(cfg, model_cfg, mesh, trainer.state.params, seq_len=seq_len,
+    def rebuild_generator(mesh, params, base, version: int):
+        return build_generator(cfg, model_cfg, mesh, params, seq_len=seq_len,
                                version=version, eos_id=tokenizer.eos_id, multi=False,
-                               base=trainer.frozen)
+                               base=base)
 
     def fits(trainer_shape, generator_shape) -> bool:
         if cfg.mesh.memory_check == "off":
@@ -209,9 +358,12 @@ def build_rebalance(cfg, model_cfg, meshes, seq_len: int, tokenizer) -> LiveReba
                            generator_mesh_shape=generator_shape, colocated=False,
                            max_seq_len=seq_len, budget_bytes=budget).fits()
 
+    agree = None
+    if jax.process_count() > 1:  # every process proposes; a move needs them all to agree
+        from jaxrl.distributed import allgather_objects as agree
     devices = [*meshes.trainer.devices.flat, *meshes.generator.devices.flat]
     return LiveRebalance(cfg.pipeline, devices, meshes.trainer.size,
                          trainer_tp=meshes.trainer.shape["tp"],
                          generator_tp=meshes.generator.shape["tp"],
-                         rebuild_generator=rebuild_generator, fits=fits,
+                         rebuild_generator=rebuild_generator, fits=fits, agree=agree,
                          batch=cfg.data.prompts_per_step * cfg.data.group_size)

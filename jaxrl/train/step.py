@@ -184,9 +184,10 @@ def make_train_step(graphdef, cfg: TrainConfig, mesh: Mesh, state_shardings: Tra
     rep = NamedSharding(mesh, PartitionSpec())
     pure = functools.partial(train_step, graphdef=graphdef, cfg=cfg, tx=tx, objective=objective)
 
-    def step(state: TrainState, batch: Batch, frozen=None, prefix: PrefixLayout | None = None):
-        """`frozen`: a LoRA model's base (placed on its shardings; never donated); `prefix`:
-        the batch's shared prompts (`jaxrl.train.prefix`), or None."""
+    def jitted(batch: Batch, frozen=None, prefix: PrefixLayout | None = None):
+        """The jitted step for this layout of arguments (arrays or `jax.ShapeDtypeStruct`s
+        with shardings: `jitted(...).lower(state, batch, frozen, prefix).compile()` compiles
+        it ahead, and later calls with such arguments reuse that executable)."""
         fields = tuple(f.name for f in dataclasses.fields(batch) if getattr(batch, f.name) is None)
         key = (graphdef, trace_key(cfg), mesh, tx_key, objective, fields, frozen is None,
                prefix is None)
@@ -199,7 +200,14 @@ def make_train_step(graphdef, cfg: TrainConfig, mesh: Mesh, state_shardings: Tra
                 out_shardings=(state_shardings, rep),
                 donate_argnums=0,
             )
-        with jax.set_mesh(mesh):  # the mesh in context: Pallas attention runs per shard on it
-            return _JITTED[key](state, batch, frozen, prefix)
+        return _JITTED[key]
 
+    def step(state: TrainState, batch: Batch, frozen=None, prefix: PrefixLayout | None = None):
+        """`frozen`: a LoRA model's base (placed on its shardings; never donated); `prefix`:
+        the batch's shared prompts (`jaxrl.train.prefix`), or None."""
+        fn = jitted(batch, frozen, prefix)
+        with jax.set_mesh(mesh):  # the mesh in context: Pallas attention runs per shard on it
+            return fn(state, batch, frozen, prefix)
+
+    step.jitted = jitted
     return step

@@ -16,6 +16,7 @@ ready.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import jax
@@ -25,6 +26,7 @@ from jax.sharding import Mesh
 
 from jaxrl.config import ModelConfig, TrainConfig
 from jaxrl.models import lora
+from jaxrl.rounding import round_up
 from jaxrl.train.batch import Batch, check_batch, pad_batch, padded_shape
 from jaxrl.train.flops import mfu, peak_flops, train_flops_per_token
 from jaxrl.train.logprobs import make_logprobs_fn
@@ -39,6 +41,7 @@ from jaxrl.train.objective import correction_needs
 from jaxrl.train.prefix import PrefixLayout, plan_prefix_layout
 from jaxrl.train.state import (
     TrainState,
+    frozen_shardings,
     init_frozen,
     init_train_state,
     model_graphdef,
@@ -112,6 +115,8 @@ class Trainer:
         self.last_updates: list[dict] = []
         self._peak = None
         self.last_shared_fraction = 0.0  # of the last batch's tokens, computed once per group
+        # the (batch, layout) shapes the step was called with, for `precompile_step`
+        self.signatures: dict = {}
 
     # ---------------------------------------------------------------- batches
     def pad(self, batch: Batch) -> Batch:
@@ -201,8 +206,7 @@ class Trainer:
         dev_batch, layout, host = self._prepare(batch, share=True)
         start = time.perf_counter()
         if self.updates_per_batch == 1:
-            self.state, metrics = self._step(self.state, dev_batch, self.frozen, layout)
-            metrics = [metrics]
+            metrics = [self._update(dev_batch, layout, rows=batch.shape[0])]
         else:
             metrics = self._several_updates(host, dev_batch, layout, seed_step)
         jax.block_until_ready((self.state, metrics))
@@ -236,10 +240,17 @@ class Trainer:
                 mb_layout = self._place_layout(planned.layout)
             mb = take_rows(full, idx, gid, keep)
             mb = jax.device_put(mb, batch_shardings(mb, self.mesh))
-            self.state, metrics = self._step(self.state, mb, self.frozen, mb_layout)
-            out.append(metrics)
+            out.append(self._update(mb, mb_layout))
         self.last_shared_fraction = 1 - computed / max(total, 1)
         return out
+
+    def _update(self, batch: Batch, layout: PrefixLayout | None, rows: int | None = None):
+        """One jitted update (the state replaced); its shapes are remembered for
+        `precompile_step`, with the batch's rows before padding (`rows`; None: as padded)."""
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (batch, layout))
+        self.signatures.setdefault(str(shapes), (*shapes, rows))
+        self.state, metrics = self._step(self.state, batch, self.frozen, layout)
+        return metrics
 
     def _read(self, metrics: list, seconds: float, tokens: int, length: int,
               computed: int) -> dict:
@@ -271,3 +282,38 @@ class Trainer:
 
     def replace_state(self, state: TrainState) -> None:
         self.state = state
+
+
+def precompile_step(trainer: Trainer, mesh: Mesh) -> int:
+    """Compile `trainer`'s update step for `mesh` ahead of time, for every batch shape it has
+    been called with (`Trainer.signatures`), without any array on `mesh`: the state, batch and
+    layout as `jax.ShapeDtypeStruct`s with the target shardings (`jit(...).lower(...)
+    .compile()`). A `Trainer` later built on `mesh` (`move_trainer`) dispatches to those
+    executables (the jitted step is shared by mesh, `jaxrl.train.step`). Safe on a background
+    thread while `trainer` keeps stepping. Returns the number of executables compiled."""
+    model_cfg, cfg = trainer.model_cfg, trainer.cfg
+    abstract, shardings = train_state_shardings(model_cfg, cfg, mesh)
+    placed = lambda a, s: jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), a, s)
+    state = placed(abstract, shardings)
+    frozen = None
+    if trainer.frozen is not None:
+        frozen = placed(*frozen_shardings(model_cfg, cfg, mesh))
+    step = make_train_step(trainer.graphdef, cfg, mesh, shardings)
+    for batch, layout, rows in trainer.signatures.copy().values():
+        if rows is not None:  # padded for the new mesh's row multiple (fsdp x micro-batches)
+            old = batch.shape[0]
+            new = round_up(rows, cfg.micro_batches * mesh.shape["fsdp"])
+            batch, layout = jax.tree.map(functools.partial(_with_rows, old=old, new=new),
+                                         (batch, layout))
+        batch = placed(batch, batch_shardings(batch, mesh))
+        if layout is not None:
+            layout = placed(layout, layout_shardings(layout, mesh))
+        with jax.set_mesh(mesh):
+            step.jitted(batch, frozen, layout).lower(state, batch, frozen, layout).compile()
+    return len(trainer.signatures)
+
+
+def _with_rows(x, *, old: int, new: int) -> jax.ShapeDtypeStruct:
+    rows = (new, *x.shape[1:]) if x.shape[:1] == (old,) else x.shape
+    return jax.ShapeDtypeStruct(rows, x.dtype)

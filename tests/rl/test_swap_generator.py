@@ -15,7 +15,7 @@ from jaxrl.rl.rollout import Produced
 class _Move:
     """A live move at step 3 (what `LiveRebalance` returns to the loop)."""
 
-    def plan(self, record):
+    def plan(self, record, parts=None):
         if record.step != 3:
             return {}, None
 
