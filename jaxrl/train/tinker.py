@@ -54,13 +54,47 @@ def cispo(logp_BT, inputs, cfg):
     return -w * inputs["advantages"] * logp_BT
 
 
-# the SDK's documented config defaults for ppo / cispo
+def gspo(logp_BT, inputs, cfg):
+    """GSPO-token: every token's ratio takes its sequence's value, the geometric mean of the
+    token ratios over the tokens M that `sequence_ratio_mask` marks, and its own log-prob's
+    gradient: `s = exp(mean_{t in M}(log pi_t - q_t))`, `s_t = sg(s) pi_t / sg(pi_t)`,
+    `L_t = -min(s_t A_t, clip(s_t, low, high) A_t)`. Zheng et al. 2025, "Group Sequence Policy
+    Optimization" (arXiv:2507.18071), its GSPO-token objective, as Tinker's loss page states
+    it. Without a `sequence_ratio_mask` (its default -1 marks "not sent"), M is the tokens with
+    a non-zero advantage: the only ones the loss reads (a prompt token carries A = 0)."""
+    mask = inputs["sequence_ratio_mask"]
+    in_m_BT = jnp.where(mask < 0, inputs["advantages"] != 0, mask != 0).astype(logp_BT.dtype)
+    log_ratio_BT = jax.lax.stop_gradient(logp_BT) - inputs["logprobs"]
+    seq_B1 = (jnp.sum(log_ratio_BT * in_m_BT, axis=-1, keepdims=True)
+              / jnp.maximum(jnp.sum(in_m_BT, axis=-1, keepdims=True), 1))
+    s_BT = jnp.exp(seq_B1 + logp_BT - jax.lax.stop_gradient(logp_BT))
+    a = inputs["advantages"]
+    clipped = jnp.clip(s_BT, cfg["clip_low_threshold"], cfg["clip_high_threshold"])
+    return -jnp.minimum(s_BT * a, clipped * a)
+
+
+def dro(logp_BT, inputs, cfg):
+    """DRO: policy gradient with a quadratic penalty on the log-ratio to the sampler,
+    `L_t = -(log pi_t A_t - beta / 2 (log pi_t - q_t)^2)` (`beta`: `loss_fn_config`). Richemond
+    et al. 2024, "Offline Regularised Reinforcement Learning for Large Language Models
+    Alignment" (arXiv:2405.19107); Kimi Team 2025, "Kimi k1.5" (arXiv:2501.12599); as Tinker's
+    loss page states it (the soft advantages are the client's)."""
+    penalty = 0.5 * cfg["beta"] * jnp.square(logp_BT - inputs["logprobs"])
+    return -(logp_BT * inputs["advantages"] - penalty)
+
+
+# the SDK's documented config defaults for ppo / cispo; gspo's: the GSPO paper's clipping
+# ranges (3e-4, 4e-4 around 1); dro's beta: the value Tinker's loss page shows (see
+# docs/service.md for both choices)
 _RL, _CLIP = ("logprobs", "advantages"), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 LOSSES = {
     "cross_entropy": (cross_entropy, (), {"weights": 1.0}, {}),
     "importance_sampling": (importance_sampling, _RL, {}, {}),
     "ppo": (ppo, _RL, {}, _CLIP),
     "cispo": (cispo, _RL, {}, _CLIP),
+    "gspo": (gspo, _RL, {"sequence_ratio_mask": -1.0},
+             {"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4}),
+    "dro": (dro, _RL, {}, {"beta": 0.05}),
 }
 
 # tinker.types.AdamParams' defaults (SDK 0.38): `ADAM`'s hyper-parameters, set per optim_step

@@ -121,8 +121,8 @@ def test_bad_requests_get_sdk_errors_and_the_server_keeps_serving(server, client
     with pytest.raises(tinker.NotFoundError, match="unknown base model 'nope'"):
         client.create_lora_training_client(base_model="nope", rank=2).result()
     tc = client.create_lora_training_client(base_model="tiny", rank=4, seed=1).result()
-    with pytest.raises(tinker.BadRequestError, match="loss_fn 'dro' is not supported"):
-        tc.forward_backward(DATA_A, "dro").result()
+    with pytest.raises(tinker.BadRequestError, match="loss_fn 'stable_reinforce' is not supported"):
+        tc.forward_backward(DATA_A, "stable_reinforce").result()
     bad = datum([3, 4, 5, 6], weights=np.ones(7, np.float32))
     with pytest.raises(tinker.BadRequestError, match=r"'weights' has shape \[7\]; expected \[3\]"):
         tc.forward_backward([bad], "cross_entropy").result()
@@ -338,3 +338,31 @@ def test_options_are_done_or_refused_never_ignored(client):
     stable = tc.save_weights_and_get_sampling_client(record_stability_info=True).result()
     with pytest.raises(tinker.BadRequestError, match="record_stability_info is not supported"):
         stable.sample(prompt, 1, greedy).result()
+
+
+def test_gspo_and_dro_through_the_sdk_equal_their_definitions_on_the_returned_logprobs(client):
+    """Issue 48 item 1: `forward(..., "gspo" / "dro")` sums each loss over the datum's tokens,
+    computed here in numpy from the logprobs the server returns (mask, config and defaults as
+    sent)."""
+    tc = client.create_lora_training_client(base_model="tiny", rank=4, seed=9).result()
+    tokens = list(range(3, 12))
+    n = len(tokens) - 1
+    rng = np.random.default_rng(0)
+    q = rng.uniform(-5, -1, n).astype(np.float32)
+    adv = np.where(np.arange(n) < 3, 0.0, rng.uniform(-1, 1, n)).astype(np.float32)
+    mask = (np.arange(n) >= 3).astype(np.float32)
+
+    def forward(loss, config=None, **extra):
+        d = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={
+            "target_tokens": np.array(tokens[1:]), "logprobs": q, "advantages": adv, **extra})
+        out = tc.forward([d], loss, loss_fn_config=config).result()
+        return out.loss_fn_outputs[0]["logprobs"].to_numpy(), out.metrics["loss:sum"]
+
+    lp, total = forward("dro", {"beta": 0.1})
+    assert total == pytest.approx(float(np.sum(-(lp * adv - 0.05 * (lp - q) ** 2))), rel=1e-5)
+    for extra in ({"sequence_ratio_mask": mask}, {}):  # unsent: the tokens with A != 0
+        lp, total = forward("gspo", {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0},
+                            **extra)
+        s = np.exp(np.sum((lp - q) * mask) / mask.sum())
+        want = -np.minimum(s * adv, np.clip(s, 0.5, 2.0) * adv)
+        assert total == pytest.approx(float(np.sum(want)), rel=1e-5)

@@ -10,7 +10,7 @@ import numpy as np
 
 from jaxrl.train import tinker
 from jaxrl.train.logprobs import target_logprobs
-from jaxrl.train.tinker import LOSSES, cispo, importance_sampling, ppo
+from jaxrl.train.tinker import LOSSES, cispo, dro, gspo, importance_sampling, ppo
 
 CFG = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 
@@ -51,7 +51,7 @@ def test_cross_entropy_is_weighted_nll_and_registry_is_complete():
     logp = jnp.log(jnp.array([[0.5, 0.25]]))
     out = LOSSES["cross_entropy"][0](logp, {"weights": jnp.array([[1.0, 0.0]])}, {})
     np.testing.assert_allclose(out, [[np.log(2.0), 0.0]], rtol=1e-6)
-    assert set(LOSSES) == {"cross_entropy", "importance_sampling", "ppo", "cispo"}
+    assert set(LOSSES) == {"cross_entropy", "importance_sampling", "ppo", "cispo", "gspo", "dro"}
 
 
 def test_target_logprobs_is_the_full_log_softmax_at_each_position_with_its_gradient():
@@ -140,3 +140,38 @@ def test_resuming_saved_moments_continues_the_same_run():
     np.testing.assert_array_equal(np.asarray(resumed["w"]), np.asarray(continued["w"]))
     fresh, _, _ = step(w(), G2, tinker.adam_state(w()), learning_rate=0.1)
     assert not np.allclose(np.asarray(fresh["w"]), np.asarray(continued["w"]))  # moments count
+
+
+def test_gspo_tokens_carry_the_sequence_ratio_with_their_own_gradient():
+    """Log-ratios 0.2 and -0.1 on the masked tokens: s = exp(0.05) for every token of the
+    sequence; a token's gradient is -s A_t where unclipped, 0 where the clip binds."""
+    q = jnp.log(jnp.array([[0.5, 0.25, 0.4]]))
+    logp = q + jnp.array([[0.2, -0.1, 3.0]])  # the third token is outside the mask
+    mask = jnp.array([[1.0, 1.0, 0.0]])
+    s = np.exp(0.05)
+    wide = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+    narrow = LOSSES["gspo"][3]  # GSPO's own ranges: 1 - 3e-4, 1 + 4e-4
+    for a, cfg, want, grad_want in [
+        ([[2.0, -1.0, 1.0]], wide, [[-2 * s, s, -s]], [[-2 * s, s, -s]]),
+        # s > 1 + 4e-4: clipped where A > 0 (value at the bound, no gradient), not where A < 0
+        ([[2.0, -1.0, 1.0]], narrow, [[-2 * (1 + 4e-4), s, -(1 + 4e-4)]], [[0.0, s, 0.0]]),
+    ]:
+        inputs = {"logprobs": q, "advantages": jnp.array(a), "sequence_ratio_mask": mask}
+        np.testing.assert_allclose(gspo(logp, inputs, cfg), want, rtol=1e-6)
+        grad = jax.grad(lambda lp, inputs=inputs, cfg=cfg: gspo(lp, inputs, cfg).sum())(logp)
+        np.testing.assert_allclose(grad, grad_want, rtol=1e-6, atol=1e-7)
+    # no mask sent (-1): the tokens with a non-zero advantage, here the first two
+    inputs = {"logprobs": q, "advantages": jnp.array([[2.0, -1.0, 0.0]]),
+              "sequence_ratio_mask": jnp.full((1, 3), -1.0)}
+    np.testing.assert_allclose(gspo(logp, inputs, wide), [[-2 * s, s, 0.0]], rtol=1e-6)
+
+
+def test_dro_is_policy_gradient_minus_a_quadratic_log_ratio_penalty():
+    """logp -1, q -1.5, A 2, beta 0.1: L = -(-1 * 2 - 0.05 * 0.5^2) = 2.0125 and
+    dL/dlogp = -(A - beta (logp - q)) = -(2 - 0.05) = -1.95."""
+    inputs = {"logprobs": jnp.array([[-1.5, -0.5]]), "advantages": jnp.array([[2.0, -1.0]])}
+    logp = jnp.array([[-1.0, -0.5]])
+    cfg = {"beta": 0.1}
+    np.testing.assert_allclose(dro(logp, inputs, cfg), [[2.0125, -0.5]], rtol=1e-6)
+    grad = jax.grad(lambda lp: dro(lp, inputs, cfg).sum())(logp)
+    np.testing.assert_allclose(grad, [[-1.95, 1.0]], rtol=1e-6)
