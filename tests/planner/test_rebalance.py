@@ -73,3 +73,29 @@ def test_a_move_must_pay_for_itself_before_the_run_ends():
     assert policy().decide(0).new == (2, 6)
     assert policy().decide(0, remaining_samples=720).new == (2, 6)
     assert policy().decide(0, remaining_samples=90) is None
+
+
+def test_a_move_pays_over_the_steps_left_counting_the_compile_not_yet_hidden():
+    """`periodic`, 16 samples a step, 50 vs 5 samples/s per chip: at 6:2 a step takes
+    16 / min(300, 10) = 1.6 s, at the best split 1:7 16 / min(50, 35) = 0.457 s, so a move saves
+    1.143 s a step. A pause of 5 s pays over 5 steps left (5.71 s), not 4 (4.57 s); not in the
+    last 2 steps. Not yet compiled, the compile's 5 s cost and its ceil(5 / 1.6) = 4 steps count
+    too: 13 steps left pay (1.143 x 9 = 10.3 > 10), 12 do not; it is named the candidate (to
+    compile), not moved to."""
+    def policy():
+        pol = Rebalancer(8, 6, RebalanceConfig(min_interval=0, confirm=1, cost_s=5.0), batch=16)
+        pol.observe(300.0, 10.0)
+        return pol
+
+    d = policy().decide(0, steps_left=5)
+    assert d is not None and d.new == (1, 7) and d.gain_s == pytest.approx(1.6 - 16 / 35)
+    assert d.payback_steps == pytest.approx(5.0 / (1.6 - 16 / 35))
+    pol = policy()
+    assert pol.decide(0, steps_left=4) is None and "does not pay" in pol.last_reason
+    assert pol.decide(0, steps_left=2) is None and "no move in the last 2" in pol.last_reason
+    pol = policy()
+    assert pol.decide(0, steps_left=12, ready=lambda s: False) is None
+    assert pol.candidate is None and "does not pay" in pol.last_reason
+    assert pol.decide(0, steps_left=13, ready=lambda s: False) is None
+    assert pol.candidate == (1, 7) and "still compiling" in pol.last_reason
+    assert pol.decide(1, steps_left=12, ready=lambda s: True).new == (1, 7)  # compiled: pays
