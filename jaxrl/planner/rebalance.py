@@ -253,25 +253,46 @@ def simulate_rebalancing(trainer_rate_per_chip: float, generator_rate_per_chip: 
                          total: int, trainer_chips: int, *, steps: int, batch: int = 1,
                          mode: str = "periodic", cfg: RebalanceConfig | None = None,
                          move_cost_s: float = 30.0, noise: float = 0.05, seed: int = 0,
-                         feasible: Feasible | None = None) -> RebalanceSim:
+                         feasible: Feasible | None = None, compile_s: float | None = None,
+                         compile_overhead: float = 0.0) -> RebalanceSim:
     """A run of `steps` steps at the step level: each step's time follows `pipeline_rates` at the
     current split, the policy sees the rates with multiplicative log-normal noise (`noise`), and
-    a move costs `move_cost_s` of wall time. Batches are in units of samples."""
+    a move pauses both roles for `move_cost_s`. Batches are in units of samples.
+
+    `compile_s`: compile before moving (None: not modelled, every split ready). A candidate the
+    policy names is compiled in the background for `compile_s` seconds of run time, slowing the
+    steps beside it by the fraction `compile_overhead`; the policy moves only to a compiled
+    split (the initial one is)."""
     rng = np.random.default_rng(seed)
     pol = Rebalancer(total, trainer_chips, cfg, mode=mode, batch=batch, feasible=feasible)
+    if compile_s is not None:
+        pol.compiled(compile_s, compile_s * compile_overhead)
+    compiled, compiling = {pol.split}, None  # (split, seconds left)
+    ready = None if compile_s is None else (lambda s: s in compiled)
     splits, step_s, rates = [], [], []
     for step in range(steps):
         t_chips, g_chips = pol.split
         r = pipeline_rates(mode, batch, trainer_rate_per_chip * t_chips,
                            generator_rate_per_chip * g_chips)
+        seconds = r.step_s
+        if compiling is not None:  # a step beside the compile-ahead
+            seconds *= 1 + compile_overhead
+            compiling = (compiling[0], compiling[1] - seconds)
+            if compiling[1] <= 0:
+                compiled.add(compiling[0])
+                compiling = None
         splits.append(pol.split)
-        step_s.append(r.step_s)
+        step_s.append(seconds)
         rates.append(r.consumed_per_s)
         eps = rng.lognormal(0.0, noise, 2)
         pol.observe(trainer_rate_per_chip * t_chips * eps[0],
                     generator_rate_per_chip * g_chips * eps[1])
-        decision = pol.decide(step, remaining_samples=(steps - step - 1) * batch)
+        decision = pol.decide(step, remaining_samples=(steps - step - 1) * batch, ready=ready,
+                              steps_left=None if compile_s is None else steps - step - 1)
         if decision is not None:
             step_s[-1] += move_cost_s
             pol.moved(decision, move_cost_s)
+        elif pol.candidate is not None and ready is not None and compiling is None and \
+                pol.candidate not in compiled:
+            compiling = (pol.candidate, compile_s)
     return RebalanceSim(splits, np.asarray(step_s), np.asarray(rates), pol.decisions, batch)
