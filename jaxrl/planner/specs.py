@@ -296,6 +296,17 @@ MODELS: Mapping[str, ModelSpec] = {
         ModelSpec("qwen2.5-0.5b", 0.494e9, 0.494e9, layers=24, hidden=896, heads=14,
                   kv_heads=2, head_dim=64, vocab=151936,
                   source="Qwen/Qwen2.5-0.5B config.json"),
+        # Parameter counts by ModelConfig.num_params of the config.json shapes (tied
+        # embeddings, sandwich norms); the KV figure counts every layer's full cache, as the
+        # engine keeps it (the sliding layers' window: docs/models.md)
+        ModelSpec("gemma3-1b", 999_885_952, 999_885_952, layers=26, hidden=1152, heads=4,
+                  kv_heads=1, head_dim=256, vocab=262144,
+                  source="google/gemma-3-1b-it config.json (Gemma 3 release, 2025-03-12): 26 "
+                         "layers, sliding window 512 on 5 of every 6"),
+        ModelSpec("gemma2-2b", 2_614_341_888, 2_614_341_888, layers=26, hidden=2304, heads=8,
+                  kv_heads=4, head_dim=256, vocab=256000,
+                  source="google/gemma-2-2b config.json (Gemma 2 2B release, 2024-07-31): 26 "
+                         "layers, sliding window 4096 on every other"),
         # The model of jaxrl's default experiment; a test keeps it in step.
         ModelSpec("tiny", 804992, 804992, layers=4, hidden=128, heads=4, kv_heads=2, head_dim=32,
                   vocab=128, source="configs/default.py (jaxrl's default CPU experiment)"),

@@ -270,3 +270,25 @@ def test_shared_prompt_logprobs_equal_the_full_forward_past_the_window(saved):
         model, planned.batch, lay)
     mask = np.asarray(planned.batch.loss_mask) > 0
     np.testing.assert_allclose(np.asarray(got)[mask], want[mask], rtol=1e-5, atol=1e-5)
+
+
+def test_gemma3_1b_config_and_the_planner_rows_have_the_real_shapes():
+    """configs/gemma3_1b_gsm8k.py builds Gemma 3 1B's 999,885,952 parameters (its model card's
+    count; jax.eval_shape, no weights), and the planner's Gemma rows count what ModelConfig
+    counts for the checkpoints' shapes."""
+    from pathlib import Path
+
+    from jaxrl.config import load_config
+    from jaxrl.models.model import abstract_model
+    from jaxrl.planner.specs import get_model
+
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "gemma3_1b_gsm8k.py")
+    model = abstract_model(cfg.model)
+    n = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert n == 999_885_952 == cfg.model.num_params() == get_model("gemma3-1b").total_params
+    assert [i for i in range(26) if cfg.model.layer_window(i) is None] == [5, 11, 17, 23]
+    assert model.layers[0].attn.k_proj.get_value().shape == (1152, 1, 256)
+    gemma2_2b = ModelConfig(architecture="gemma2", vocab_size=256000, hidden_size=2304,
+                            intermediate_size=9216, num_layers=26, num_heads=8, num_kv_heads=4,
+                            head_dim=256)
+    assert gemma2_2b.num_params() == 2_614_341_888 == get_model("gemma2-2b").total_params
