@@ -255,13 +255,15 @@ def test_the_sdk_cancels_a_sampling_future_it_abandons(server):
     sdk = tinker.ServiceClient(base_url=server.url, api_key="tml-sdk-cancel")
     try:
         sc = sdk.create_sampling_client(base_model="tiny").result()
-        with slow_decode(server, 0.05):  # the request alone would take >= 12.8 s
+        with slow_decode(server, 0.1):  # the request alone would take >= 25.6 s
             fut = sc.sample(types.ModelInput.from_ints([3, 4, 5]), 256,
                             types.SamplingParams(max_tokens=61, stop=[], seed=1))
             _wait(lambda: any(f.running() for f, *_ in server.service.futures.values()),
                   "the request to start")
+            # the SDK sends cancel_future only for a future it polls: give it its request id
+            time.sleep(1.0)
             fut.future().cancel()
-            _wait(lambda: idle(server), "the server to stop the abandoned request", 5)
+            _wait(lambda: idle(server), "the server to stop the abandoned request", 8)
     finally:
         sdk.close("success").result()
 
