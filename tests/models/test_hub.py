@@ -1,6 +1,7 @@
 """Models and tokenizers by Hugging Face Hub id: resolved from the local Hugging Face cache (laid
 out here as `huggingface-cli download` leaves it: blobs, snapshot symlinks, refs/main), a clear
-error offline, and `launch/run.py --init org/name` run offline from that cache."""
+error offline, and `launch/run.py --init org/name` run offline from that cache (a tiny Gemma 3 with
+sliding-window layers: the run trains and exports it past its window)."""
 
 import hashlib
 import json
@@ -17,7 +18,7 @@ from jaxrl.testing import make_hf_model
 from jaxrl.tokenizers import CharTokenizer, HFTokenizer, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
-REPO = "tiny-org/tiny-qwen2"
+REPO = "tiny-org/tiny-gemma3"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -66,10 +67,13 @@ def put_in_hf_cache(hub_cache: Path, repo: str, files: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def hf_home(tmp_path_factory):
-    """HF_HOME with `tiny-org/tiny-qwen2` (a tiny random Qwen2 + its tokenizer) in its cache."""
+    """HF_HOME with `tiny-org/tiny-gemma3` (a tiny random Gemma 3, window 8, + its tokenizer) in
+    its cache."""
+    from windowed_models import make_windowed_hf
+
     home = tmp_path_factory.mktemp("hf_home")
     files = tmp_path_factory.mktemp("repo_files")
-    make_hf_model("qwen2", files, vocab_size=320, max_position_embeddings=512)
+    make_windowed_hf("gemma3", files, vocab_size=320, max_position_embeddings=512)
     tiny_tokenizer(files)
     put_in_hf_cache(home / "hub", REPO, files)
     return home
@@ -89,7 +93,8 @@ def test_the_cache_layout_is_the_one_huggingface_hub_reads(hf_home):
     from huggingface_hub import try_to_load_from_cache
 
     found = try_to_load_from_cache(REPO, "config.json", cache_dir=str(hf_home / "hub"))
-    assert isinstance(found, str) and json.loads(Path(found).read_text())["model_type"] == "qwen2"
+    assert isinstance(found, str)
+    assert json.loads(Path(found).read_text())["model_type"] == "gemma3_text"
 
 
 def test_hub_id_resolves_from_the_cache_offline(offline_cache):
@@ -150,8 +155,9 @@ def resolve_in(hf_home: Path) -> Path:
 
 @pytest.mark.slow
 def test_launch_run_with_a_hub_id_offline(hf_home, tmp_path, monkeypatch):
-    """`launch/run.py --init tiny-org/tiny-qwen2`, offline, the model and its tokenizer from the
-    HF cache; then the run exports to a directory `transformers` reads, tokenizer included."""
+    """`launch/run.py --init tiny-org/tiny-gemma3`, offline, the model and its tokenizer from the
+    HF cache, 3 steps in periodic mode; then the run exports to a directory `transformers` reads,
+    tokenizer included, with jaxrl's logits past the window."""
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": f"Add.\n#### {i}"}) + "\n"
                             for i, q in enumerate(QUESTIONS * 2)))
@@ -159,16 +165,18 @@ def test_launch_run_with_a_hub_id_offline(hf_home, tmp_path, monkeypatch):
     env.pop("HF_HUB_CACHE", None)
     cmd = [sys.executable, str(ROOT / "launch" / "run.py"),
            "--config", str(ROOT / "tests" / "rl" / "tiny_config.py"), "--quiet",
-           f"--init={REPO}", "--name=hub", "--pipeline.steps=1", "--data.task=gsm8k_jsonl",
+           f"--init={REPO}", "--name=hub", "--pipeline.steps=3", "--pipeline.mode=periodic",
+           "--data.task=gsm8k_jsonl",
            f"--data.paths={data}", f"--data.eval_paths={data}", "--data.eval_size=2",
-           "--data.epochs=0", "--data.max_new_tokens=4", "--train.checkpoint_every=1"]
+           "--data.epochs=0", "--data.max_new_tokens=4", "--train.checkpoint_every=3"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "runs" / "hub"
     recorded = json.loads((run_dir / "config.json").read_text())
     assert recorded["init"] == REPO and recorded["tokenizer"] == "auto"
-    assert (run_dir / "checkpoints" / "1").is_dir()
+    assert (run_dir / "checkpoints" / "3").is_dir()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
 
     import huggingface_hub.constants as constants
     import transformers
@@ -185,8 +193,9 @@ def test_launch_run_with_a_hub_id_offline(hf_home, tmp_path, monkeypatch):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (out / name).read_bytes() == (snap / name).read_bytes()
     # transformers reads the export's tokenizer as it reads the source model's (transformers 5
-    # builds its Qwen2Tokenizer for a qwen2 config.json, with Qwen's own pre-tokenizer, so this
-    # synthetic BPE is not compared with jaxrl's encoding here: tests/test_tokenizers.py does)
+    # may build its own tokenizer class for the model's config.json, with its own pre-tokenizer,
+    # so this synthetic BPE is not compared with jaxrl's encoding here: tests/test_tokenizers.py
+    # does)
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
     src_tok = transformers.AutoTokenizer.from_pretrained(str(snap))
     assert type(hf_tok) is type(src_tok)
@@ -195,5 +204,16 @@ def test_launch_run_with_a_hub_id_offline(hf_home, tmp_path, monkeypatch):
     ours = HFTokenizer(out)
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["eos_token_id"] == ours.eos_id == hf_tok.convert_tokens_to_ids("<|im_end|>")
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
-    assert model.config.vocab_size == 320
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).float().eval()
+    assert model.config.vocab_size == 320 and type(model).__name__ == "Gemma3ForCausalLM"
+    # the trained, exported Gemma 3 gives jaxrl's logits in transformers, 3x past its window
+    import numpy as np
+    import torch
+
+    from jaxrl.models import load_pretrained
+
+    tokens = np.arange(24)[None] % 320
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor(tokens)).logits.numpy()
+    _, ours = load_pretrained(out, "float32")
+    np.testing.assert_allclose(np.asarray(ours(tokens)), ref, atol=1e-4, rtol=0)
