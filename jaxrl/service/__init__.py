@@ -2,6 +2,9 @@
 
 `python launch/serve.py --base-model DIR_OR_ID` serves one base model; scripts written against
 the official `tinker` SDK point `ServiceClient(base_url=...)` at it. `backend.py`: the base, the
-LoRA training clients, sampling; `server.py`: HTTP routes and futures; `wire.py`: protobuf
-bodies; `compute.py`: the jitted losses (the maths: `jaxrl.train.tinker`). See docs/service.md.
+LoRA training clients, sampling; `server.py`: HTTP routes and futures; `limits.py`: what a request
+may ask, checked on arrival; `worker.py`: the one model thread, a fair queue per API key;
+`logs.py`: a line per refused or failed request; `running.py`: starting a server; `wire.py`:
+protobuf bodies; `compute.py`: the jitted losses (the maths: `jaxrl.train.tinker`). See
+docs/service.md.
 """
