@@ -127,12 +127,14 @@ class LiveRebalance:
         self._ahead_counting = False  # it is running: the steps beside it count its cost
         self._ahead_cost_s = 0.0  # the slowdown of the steps it ran beside
         self._generators: dict = {}  # (trainer_chips, mirrored) -> built Generator
+        self._failed: set[int] = set()  # trainer chips whose compile-ahead failed
         self._said = ""
 
     def feasible(self, trainer_chips: int, generator_chips: int) -> bool:
-        """The tp sizes divide both roles, and the memory plan says both fit."""
+        """The tp sizes divide both roles, the memory plan says both fit, and compiling it
+        ahead did not fail."""
         t_tp, g_tp = self.tp
-        if trainer_chips % t_tp or generator_chips % g_tp:
+        if trainer_chips % t_tp or generator_chips % g_tp or trainer_chips in self._failed:
             return False
         return self.fits((trainer_chips // t_tp, t_tp), (generator_chips // g_tp, g_tp))
 
@@ -231,9 +233,17 @@ class LiveRebalance:
 
     def _compiled(self) -> dict:
         """The compile-ahead finished: its measured cost goes to the policy, its generator to
-        the built ones."""
+        the built ones. One that failed (e.g. out of memory beside the running split) makes its
+        split infeasible for the rest of the run (logged)."""
         ahead = self.ahead
-        meshes, generator, n = ahead.result()
+        try:
+            meshes, generator, n = ahead.result()
+        except Exception as e:  # any failure: that split is not moved to
+            log.warning("rebalance: compiling %d:%d ahead failed (%s: %s); not moving there",
+                        ahead.key[0], len(self.devices) - ahead.key[0], type(e).__name__, e)
+            self._failed.add(ahead.key[0])
+            self.ahead = None
+            return {}
         if generator is not None:
             self._generators[ahead.key] = generator
         self.policy.compiled(ahead.seconds, self._ahead_cost_s)
