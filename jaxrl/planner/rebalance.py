@@ -156,6 +156,11 @@ class Rebalancer:
             self.decisions[-1].measured_rate = float(min(consumed_per_s, produced_per_s))
         self.since_move += 1
 
+    def skip(self) -> None:
+        """A step whose rates are not observed (they are the compiler's) still counts toward
+        `min_interval`."""
+        self.since_move += 1
+
     def decide(self, step: int, remaining_samples: float | None = None, *,
                steps_left: int | None = None,
                ready: Callable[[tuple[int, int]], bool] | None = None) -> Decision | None:

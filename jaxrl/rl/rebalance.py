@@ -154,7 +154,9 @@ class LiveRebalance:
         if self._settling:  # its rates are the compiler's; after a move, its time is the cost's
             self._settling -= 1
             self._settle_s.append(step_s)
-        elif not beside:
+        elif beside:
+            pol.skip()
+        else:
             self._recent = [*self._recent[-2:], step_s]
             pol.observe(row.get("pipeline/rollouts_per_s_consumed", float("nan")),
                         row.get("pipeline/rollouts_per_s_produced", float("nan")))

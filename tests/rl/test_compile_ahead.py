@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import jax
 import numpy as np
+import pytest
 from run_helpers import tiny_run_config
 
 from jaxrl.config import PipelineConfig
@@ -120,3 +121,44 @@ def test_the_processes_must_agree_on_a_move_or_it_is_refused(caplog):
     assert builds[:3] == [None, None, None] and builds[3] == ("build", 2)
     assert seen == [None, None, (2, False), (2, False)]
     assert "refused at step 3" in caplog.text and "[(2, False), None]" in caplog.text
+
+
+def test_the_compile_aheads_cost_is_the_slowdown_of_the_steps_beside_it():
+    """Rows fed by hand, the compile-ahead a thread held until told: step 1 compiles, step 2
+    (1.0 s) is observed and names 2:6 (sync: 16/300 + 16/10 s a step at 6:2, 16/100 + 16/30 at
+    2:6), compiled beside the next two steps (1.6 and 1.3 s: 0.6 + 0.3 s slower than 1.0), which
+    are not observed but count toward min_interval (3); once it is ready its cost and wall time
+    go to the policy and the row, and the move follows at once (compiled: only the pause)."""
+    import threading
+
+    from jaxrl.rl.compile_ahead import Ahead
+
+    cfg = PipelineConfig(mode="sync", steps=40, rebalance="auto", rebalance_min_interval=3,
+                         rebalance_confirm=1, rebalance_cost_s=0.5)
+    live = LiveRebalance(cfg, list(range(8)), 6, trainer_tp=1, generator_tp=1, batch=16)
+    release, started = threading.Event(), []
+
+    def start(key, parts):
+        started.append(key)
+        live.ahead = Ahead(key, lambda: (None, None, 3) if release.wait(10) else None)
+        live._ahead_cost_s, live._ahead_counting = 0.0, True
+        return live.ahead
+
+    live._start_ahead = start
+    live.build = lambda trainer_chips, mirrored=False: ("build", trainer_chips)
+    rates = {"pipeline/rollouts_per_s_consumed": 300.0, "pipeline/rollouts_per_s_produced": 10.0}
+    out = []
+    for n, step_s in enumerate((9.0, 1.0, 1.6, 1.3), start=1):
+        if n == 4:
+            release.set()
+            live.ahead.result(10)
+        added, build = live.plan(StepRecord(n - 1, n, False, dict(rates, **{
+            "pipeline/step_s": step_s}), None), parts="parts")
+        out.append((added, build))
+    assert started == [(2, False)]  # named after the first observed step, compiled once
+    assert all(b is None for _, b in out[:3]) and out[3][1] == ("build", 2)
+    added = out[3][0]
+    assert added["rebalance/compile_ahead_cost_s"] == pytest.approx(0.6 + 0.3)
+    assert added["rebalance/compile_ahead_s"] > 0
+    assert live.policy.compile_cost_s == pytest.approx(0.9)
+    assert live.policy.since_move == 3  # 1 observed step + 2 beside the compile
