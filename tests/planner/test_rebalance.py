@@ -99,3 +99,23 @@ def test_a_move_pays_over_the_steps_left_counting_the_compile_not_yet_hidden():
     assert pol.decide(0, steps_left=13, ready=lambda s: False) is None
     assert pol.candidate == (1, 7) and "still compiling" in pol.last_reason
     assert pol.decide(1, steps_left=12, ready=lambda s: True).new == (1, 7)  # compiled: pays
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_published_case_with_compile_ahead_moves_once_compiled_and_pays(seed):
+    """The published case with compile-ahead: 300 s of compiling beside the running steps, each
+    5% slower meanwhile (512 / 1.95 = 262.56 s -> 275.69 s at 128:128, so one compile spans two
+    steps). The policy moves only after a compile finished, still reaches within 5% of the best
+    static split, and the whole run (compiles, pauses) beats staying at 128:128."""
+    t, g = TRAINER_CAPACITY / 128, GENERATOR_RATE / 128
+    best = _best_static(t, g, 256, 8)
+    sim = simulate_rebalancing(t, g, 256, 128, steps=60, batch=512, mode="periodic",
+                               cfg=RebalanceConfig(granularity=8), move_cost_s=30.0, seed=seed,
+                               compile_s=300.0, compile_overhead=0.05)
+    first = sim.decisions[0].step
+    before = sim.step_s[:first]
+    assert set(np.round(before, 2)) <= {262.56, 275.69}
+    assert np.sum(np.isclose(before, 512 / 1.95 * 1.05)) >= 1  # compiling beside a step
+    assert np.all(sim.consumed_per_s[first + 1:] >= 0.95 * best), sim.splits
+    assert len(sim.decisions) <= 2, [d.log_line() for d in sim.decisions]
+    assert sim.steady_from(0) > 1.95
