@@ -23,6 +23,7 @@ Shape suffixes as in `jaxrl.models.transformer`; N pages, P pages per slot, S po
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -78,21 +79,21 @@ def paged_attention(q_BTHD, k_pages, v_pages, page_table_BP, q_positions_BT, kv_
     `jaxrl_kernels.paged_decode_attention`, which reads only the pages holding valid tokens (on CPU
     it runs in Pallas' interpreter, as `cached_attention`'s kernels do). Anything else (XLA / cuDNN
     settings, or T > 1 queries such as chunked prefill) gathers the pages into a contiguous view
-    and uses the XLA `cached_attention`, as does a `window`, `softcap` or non-default `scale`
-    (`jaxrl.models.attention`), which the kernel does not take yet.
+    and uses the XLA `cached_attention`, as does a `softcap` (`jaxrl.models.attention`), which
+    the kernel does not take; it takes the `window` (reading only the pages it touches) and the
+    `scale`.
     """
-    plain = window is None and softcap is None and scale in (None, q_BTHD.shape[-1] ** -0.5)
-    if resolve_impl(impl) == "pallas" and q_BTHD.shape[1] == 1 and plain:
-        # The kernel's softmax scale is D**-0.5, as in cached_attention.
+    if resolve_impl(impl) == "pallas" and q_BTHD.shape[1] == 1 and softcap is None:
         return _pallas_paged_decode(q_BTHD[:, 0], k_pages, v_pages, kv_lengths_B,
-                                    page_table_BP)[:, None]
+                                    page_table_BP, scale, window)[:, None]
     k_BSKD = gather_pages(k_pages, page_table_BP)
     v_BSKD = gather_pages(v_pages, page_table_BP)
     return cached_attention(q_BTHD, k_BSKD, v_BSKD, q_positions_BT, kv_lengths_B, impl="xla",
                             window=window, softcap=softcap, scale=scale)
 
 
-def _pallas_paged_decode(q_BHD, k_pages, v_pages, kv_lengths_B, page_table_BP):
+def _pallas_paged_decode(q_BHD, k_pages, v_pages, kv_lengths_B, page_table_BP, scale=None,
+                         window=None):
     """`jaxrl_kernels.paged_decode_attention`, per shard when the mesh in context (`jax.set_mesh`)
     splits slots or kv heads, as `jaxrl.models.attention` runs the other kernels.
 
@@ -101,17 +102,18 @@ def _pallas_paged_decode(q_BHD, k_pages, v_pages, kv_lengths_B, page_table_BP):
     static allocation guarantees (slot b's pages follow slot b). check_vma=False for the reason
     given in `attention._pallas_flash` (scalar-prefetch operands under Pallas' CPU interpreter).
     """
+    paged = functools.partial(jaxrl_kernels.paged_decode_attention, sm_scale=scale,
+                              window=window)
     sharded = kernel_shard_axes(q_BHD.shape[0], k_pages.shape[2])
     if sharded is None:
-        return jaxrl_kernels.paged_decode_attention(q_BHD, k_pages, v_pages, kv_lengths_B,
-                                                    page_table_BP)
+        return paged(q_BHD, k_pages, v_pages, kv_lengths_B, page_table_BP)
 
     mesh, b, h = sharded
 
     def body(q, k, v, lengths, table):
         if b is not None:  # physical page ids -> this shard's slice of the pool
             table = table - jax.lax.axis_index(b) * k.shape[0]
-        return jaxrl_kernels.paged_decode_attention(q, k, v, lengths, table)
+        return paged(q, k, v, lengths, table)
 
     pages = PartitionSpec(b, None, h, None)
     fn = jax.shard_map(

@@ -292,3 +292,36 @@ def test_gemma3_1b_config_and_the_planner_rows_have_the_real_shapes():
                             intermediate_size=9216, num_layers=26, num_heads=8, num_kv_heads=4,
                             head_dim=256)
     assert gemma2_2b.num_params() == 2_614_341_888 == get_model("gemma2-2b").total_params
+
+
+def test_pallas_paths_take_the_window_and_scale():
+    """Under impl="pallas" the window and the score scale reach the kernels (CPU: interpreted):
+    the flash prefill, the decode and the paged decode equal the XLA path's masks, and a
+    Gemma 3 (windows, its own scale, no soft-cap) gives transformers' logits through them."""
+    from jaxrl.models.paged import paged_attention, static_page_table
+
+    rng = np.random.default_rng(1)
+    b, t, h, k, d, w, scale = 2, 13, 4, 2, 8, 5, 0.2
+    q, kk, v = (jnp.asarray(rng.normal(size=(b, t, n, d)), jnp.float32) for n in (h, k, k))
+    want = attention(q, kk, v, window=w, scale=scale)
+    got = attention(q, kk, v, window=w, scale=scale, impl="pallas")
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+    lengths = jnp.array([t, 9])  # row 1: the query at position 8 sees 4..8
+    pos = (lengths - 1)[:, None]
+    want = cached_attention(q[:, -1:], kk, v, pos, lengths, window=w, scale=scale)
+    got = cached_attention(q[:, -1:], kk, v, pos, lengths, window=w, scale=scale, impl="pallas")
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+    page = 16  # 32 positions a row, in 2 pages (the GPU body's smallest page)
+    table = static_page_table(b, 2)
+    pad = jnp.zeros((b, 2 * page - t, k, d))
+    k_pages, v_pages = (jnp.concatenate([x, pad], 1).reshape(b * 2, page, k, d) for x in (kk, v))
+    got = paged_attention(q[:, -1:], k_pages, v_pages, table, pos, lengths, window=w,
+                          scale=scale, impl="pallas")
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+
+
+def test_gemma3_through_the_pallas_flash_kernel_matches_transformers(saved):
+    hf, path = saved["gemma3"]
+    _, model = load_pretrained(path, attention_impl="pallas")
+    batch = _padded_batch()
+    _close(_ours(model, batch), _torch_logits(hf, batch), batch)
