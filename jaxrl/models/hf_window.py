@@ -72,8 +72,9 @@ def config_fields(arch: str, hf: dict, windowed: bool) -> tuple[dict, dict]:
         if act not in GELU_TANH:
             raise CheckpointError(f"{arch}: hidden_activation {act!r} is not supported; "
                                   f"supported: {list(GELU_TANH)}")
-        if hf.get("attention_bias"):
-            raise CheckpointError(f"{arch}: attention_bias=true is not supported")
+        for key in ("attention_bias", "use_bidirectional_attention"):  # (EmbeddingGemma's)
+            if hf.get(key):
+                raise CheckpointError(f"{arch}: {key}=true is not supported; supported: false")
         fields.update(
             query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar")
                                         or hf.get("head_dim")

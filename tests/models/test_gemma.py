@@ -94,6 +94,9 @@ def test_the_layer_pattern_and_rope_bases_read_from_every_config_form():
     assert mistral.layer_types == () and [mistral.layer_window(i) for i in range(6)] == [8] * 6
     with pytest.raises(Exception, match="hidden_activation 'gelu' is not supported"):
         config_from_hf(dict(base, architectures=["Gemma2ForCausalLM"], hidden_activation="gelu"))
+    with pytest.raises(Exception, match="use_bidirectional_attention=true is not supported"):
+        config_from_hf(dict(base, architectures=["Gemma3ForCausalLM"],
+                            use_bidirectional_attention=True))
     with pytest.raises(ConfigError, match=r"layer_types must be empty or one of"):
         ModelConfig(num_layers=2, sliding_window=4, layer_types=("sliding_attention",))
     with pytest.raises(ConfigError, match="sliding_window is None"):
