@@ -35,7 +35,8 @@ MOVE_KEYS = ("rebalance/from_trainer_chips", "rebalance/to_trainer_chips",
              "rebalance/move_s", "rebalance/predicted_payback_steps")
 MEASURED_KEYS = ("rebalance/measured_samples_per_s", "rebalance/recompile_s",
                  "rebalance/measured_cost_s", "rebalance/measured_payback_steps")
-AHEAD_KEYS = ("rebalance/compile_ahead_s", "rebalance/compile_ahead_cost_s")
+AHEAD_KEYS = ("rebalance/compile_ahead_s", "rebalance/compile_ahead_cost_s",
+              "rebalance/compile_ahead_compiles", "rebalance/compile_ahead_cache_hits")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
                         "pause measured on a 2-core machine was 1.5-2.8 s)")
     p.add_argument("--repeats", type=int, default=2,
                    help="pairs of runs, the order alternating; the ratio is their median")
+    p.add_argument("--cache-dir", default=None,
+                   help="XLA's persistent compilation cache (default: JAX_COMPILATION_CACHE_DIR "
+                        "if set, else a new one shared by this benchmark's runs: the first run "
+                        "compiles, a split met in an earlier run loads its executables)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     return p
 
@@ -100,6 +105,9 @@ def main(argv: list[str]) -> int:
     load_before = os.getloadavg()
     runs: dict[str, list[dict]] = {"fixed": [], "auto": []}
     with tempfile.TemporaryDirectory(prefix="jaxrl-bench-") as tmp:
+        cache = args.cache_dir or jax.config.jax_compilation_cache_dir or str(Path(tmp) / "xla")
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         for r in range(args.repeats):
             for policy in (("fixed", "auto") if r % 2 == 0 else ("auto", "fixed")):
                 runs[policy].append(_run(args, overrides, tmp, policy, (t, g), tag=str(r)))
@@ -109,7 +117,7 @@ def main(argv: list[str]) -> int:
               "steps": args.steps, "warmup": args.warmup, "devices": len(devices),
               "platform": devices[0].platform, "ratio_auto_vs_fixed": float(np.median(ratios)),
               "ratios": ratios, "runs": runs, "load_before": load_before,
-              "load_after": os.getloadavg(), "cpus": os.cpu_count(),
+              "load_after": os.getloadavg(), "cpus": os.cpu_count(), "cache_dir": cache,
               "batch": runs["fixed"][0]["batch"]}
     _print(report, Path(args.config).name)
     if args.out:
@@ -191,7 +199,8 @@ def _print(report: dict, config: str) -> None:
           f"config {config}")
     load = lambda xs: " ".join(f"{x:.2f}" for x in xs)
     print(f"load average (1, 5, 15 min) before {load(report['load_before'])}, after "
-          f"{load(report['load_after'])}, on {report['cpus']} CPUs")
+          f"{load(report['load_after'])}, on {report['cpus']} CPUs; persistent compilation "
+          f"cache {report['cache_dir']}")
     for policy, fs in report["runs"].items():
         for i, f in enumerate(fs):
             split = ":".join(str(int(x)) for x in f["final_split"])
@@ -205,7 +214,9 @@ def _print(report: dict, config: str) -> None:
                         f"steps, pause {m['move_s']:.2f} s")
                 if "compile_ahead_s" in m:
                     line += (f", compiled ahead in {m['compile_ahead_s']:.2f} s costing the "
-                             f"steps beside it {m['compile_ahead_cost_s']:.2f} s")
+                             f"steps beside it {m['compile_ahead_cost_s']:.2f} s "
+                             f"({m['compile_ahead_cache_hits']:.0f} of "
+                             f"{m['compile_ahead_compiles']:.0f} executables from the cache)")
                 print(line)
                 if "measured_cost_s" in m:
                     paused = m["move_s"] + m["recompile_s"]

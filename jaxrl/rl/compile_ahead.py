@@ -19,44 +19,55 @@ from typing import Any
 
 import jax
 
-# recorded once per backend compilation (a persistent-cache hit records a cache event instead)
+# recorded once per executable XLA compiled or loaded from the persistent compilation cache
+# (an executable reused from memory records nothing)
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 class CompileCounter:
-    """Counts backend compilations while active (`with CompileCounter() as c: ...; c.count`),
-    on every thread."""
+    """Counts the executables compiled (or loaded from the persistent cache: `cache_hits` of
+    them) while active (`with CompileCounter() as c: ...; c.count`), on every thread."""
 
     def __init__(self):
-        self.count, self.seconds = 0, 0.0
+        self.count, self.cache_hits, self.seconds = 0, 0, 0.0
         self._lock = threading.Lock()
 
-    def _listener(self, event: str, duration: float, **_) -> None:
+    def _duration(self, event: str, duration: float, **_) -> None:
         if event == COMPILE_EVENT:
             with self._lock:
                 self.count, self.seconds = self.count + 1, self.seconds + duration
 
+    def _event(self, event: str, **_) -> None:
+        if event == CACHE_HIT_EVENT:
+            with self._lock:
+                self.cache_hits += 1
+
     def __enter__(self) -> CompileCounter:
-        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        jax.monitoring.register_event_duration_secs_listener(self._duration)
+        jax.monitoring.register_event_listener(self._event)
         return self
 
     def __exit__(self, *exc) -> None:
-        jax.monitoring.unregister_event_duration_listener(self._listener)
+        jax.monitoring.unregister_event_duration_listener(self._duration)
+        jax.monitoring.unregister_event_listener(self._event)
 
 
 class Ahead:
-    """`work()` on a background thread (daemon: a run that ends first does not wait for it);
-    `ready()` without blocking, `result()` blocking (re-raising its error). `seconds`: the
-    thread's wall time once done; `compiles`: the backend compilations made meanwhile (on any
-    thread: the running step's own included, which after the first step are none)."""
+    """`work()` on a background thread; `ready()` without blocking, `result()` blocking
+    (re-raising its error). Not a daemon: a run that ends first waits for it at exit (a
+    compilation cut off by the interpreter's exit aborts the process). `seconds`: the thread's
+    wall time once done; `compiles` and `cache_hits`: the executables compiled meanwhile and
+    how many of them the persistent cache held (on any thread: the running steps' own included,
+    which after the first step are none)."""
 
     def __init__(self, key: Any, work: Callable[[], Any]):
-        self.key, self.seconds, self.compiles = key, None, 0
+        self.key, self.seconds, self.compiles, self.cache_hits = key, None, 0, 0
         self._result: Any = None
         self._error: BaseException | None = None
         self._done = threading.Event()
         self.started = time.perf_counter()
-        self._thread = threading.Thread(target=self._run, args=(work,), daemon=True,
+        self._thread = threading.Thread(target=self._run, args=(work,), daemon=False,
                                         name=f"jaxrl-compile-ahead-{key}")
         self._thread.start()
 
@@ -64,7 +75,7 @@ class Ahead:
         try:
             with CompileCounter() as counter:
                 self._result = work()
-            self.compiles = counter.count
+            self.compiles, self.cache_hits = counter.count, counter.cache_hits
         except BaseException as e:  # handed to whoever asks for the result
             self._error = e
         finally:

@@ -249,12 +249,14 @@ class LiveRebalance:
         if generator is not None:
             self._generators[ahead.key] = generator
         self.policy.compiled(ahead.seconds, self._ahead_cost_s)
-        log.info("rebalance: %d:%d compiled ahead: %d executables, %.2fs on its thread, "
-                 "%.2fs slower running steps beside it", ahead.key[0],
-                 len(self.devices) - ahead.key[0], n, ahead.seconds, self._ahead_cost_s)
+        log.info("rebalance: %d:%d compiled ahead: %d executables (%d compilations, %d from "
+                 "the persistent cache), %.2fs on its thread, %.2fs slower running steps beside "
+                 "it", ahead.key[0], len(self.devices) - ahead.key[0], n, ahead.compiles,
+                 ahead.cache_hits, ahead.seconds, self._ahead_cost_s)
         return {"rebalance/compile_ahead_s": ahead.seconds,
                 "rebalance/compile_ahead_cost_s": self._ahead_cost_s,
-                "rebalance/compile_ahead_compiles": float(ahead.compiles)}
+                "rebalance/compile_ahead_compiles": float(ahead.compiles),
+                "rebalance/compile_ahead_cache_hits": float(ahead.cache_hits)}
 
     def _agreed(self, decision, mirrored):
         """Every process's proposal for this step (`agree`, called by every process at every
