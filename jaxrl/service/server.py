@@ -42,6 +42,7 @@ from jaxrl.service.backend import Backend, NotFound, UserError, lora_config
 from jaxrl.service.limits import Limits, SampleRequest, json_object
 from jaxrl.service.logs import log_outcome, refused
 from jaxrl.service.running import Running, serve  # noqa: F401 - the server's entry points
+from jaxrl.service.stability import StabilityRecords
 from jaxrl.service.store import BadPath, check_model_id, check_name, parse_path
 from jaxrl.service.wire import (
     WireError,
@@ -86,6 +87,7 @@ class Service:
         self.model_owner: dict[str, str | None] = {}
         self.inflight: dict[str, str] = {}  # model id -> path of its latest inflight save
         self.inflight_sessions: dict[str, str] = {}  # inflight sampling session -> model id
+        self.stability = StabilityRecords()  # record_stability_info's records (stable_reinforce)
         self._ids = itertools.count()
 
     # ----------------------------------------------------------------------------- plumbing
@@ -305,6 +307,7 @@ class Service:
     async def forward_backward(self, request):
         req = parse_forward_backward(await request.read())
         self._model(request, req.model_id)
+        self.stability.attach(req.loss_fn, req.data, self._owner(request))  # stable_reinforce's
         self.backend.check(req)
 
         def run(reqs):  # this request and the compatible ones queued with it, in one step
@@ -458,10 +461,6 @@ class Service:
                 raise UserError(f"sample: {key} is not supported by this server")
         if body.get("target_prompt_logprobs") is not None:
             raise UserError("sample: target_prompt_logprobs is not supported by this server")
-        if body.get("record_stability_info"):
-            raise UserError("sample: record_stability_info is not supported by this server "
-                            "(it records sampling-time data for the stable_reinforce loss, "
-                            "which this server does not have)")
         # the limits first: nothing is looked up or queued for a request that cannot be served
         req = SampleRequest.parse(body, self.limits, self.backend.max_len,
                                   self.backend.cfg.vocab_size)
@@ -478,15 +477,20 @@ class Service:
 
         def run_many(items):  # queued requests of one sample_key: one decode batch, in steps
             steps = self.backend.sample_steps([(snap, prompt, params, stop)
-                                               for snap, prompt, params, stop, _ in items])
+                                               for snap, prompt, params, stop, *_ in items])
             for done in steps:
+                for i, d in done.items():  # record_stability_info: record before answering
+                    if items[i][5] is not None and not isinstance(d, Exception):
+                        items[i][5]([(c.tokens, c.logprobs) for c in d])
                 yield {i: d if isinstance(d, Exception) else encode_sample_response(
                     [(c.tokens, c.logprobs, c.finish_reason) for c in d],
                     _prompt_logprobs(self.backend, *items[i][:2], items[i][4]))
                     for i, d in done.items()}
 
-        item = (snap, req.prompt, req.params, req.stop, prompt_lp_from)
         seq_ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(req.params.n)]
+        record = (functools.partial(self.stability.record, seq_ids, self._owner(request),
+                                    req.prompt) if body.get("record_stability_info") else None)
+        item = (snap, req.prompt, req.params, req.stop, prompt_lp_from, record)
         # the base model or full parameters: a batch of its own
         key = self.backend.sample_key(snap) or ("sample", "alone", next(self._ids))
         return self.submit(request, run_many, item, key=key, cancellable=True,

@@ -32,6 +32,9 @@ class WireError(ValueError):
 class Datum:
     tokens: np.ndarray  # int32 [T]
     inputs: dict[str, np.ndarray]  # loss_fn_inputs by name, dense
+    # provenance (`Datum.with_provenance`): (model_input runs, target_tokens runs), each run
+    # (kind "prompt" | "sampled", sequence_id, offset, length); None when not sent
+    spans: tuple[list, list] | None = None
 
 
 @dataclasses.dataclass
@@ -89,10 +92,26 @@ def parse_forward_backward(body: bytes, forward_only_default: bool = False
             parts.append(np.frombuffer(chunk.encoded_text.tokens, np.int32))
         tokens = np.concatenate(parts) if parts else np.zeros((0,), np.int32)
         inputs = {k: tensor_to_numpy(v, f"datum {i} {k}") for k, v in d.loss_fn_inputs.items()}
-        data.append(Datum(tokens=tokens, inputs=inputs))
+        spans = None
+        if len(d.model_input_spans) or len(d.loss_fn_input_spans):
+            spans = (_spans(d.model_input_spans), _spans(d.loss_fn_input_spans))
+        data.append(Datum(tokens=tokens, inputs=inputs, spans=spans))
     return ForwardBackwardRequest(model_id=msg.model_id, seq_id=msg.seq_id, loss_fn=msg.loss_fn,
                                   config=config, forward_only=msg.forward_only or
                                   forward_only_default, data=data)
+
+
+def _spans(msgs) -> list[tuple[str, str, int, int]]:
+    """Provenance runs as (kind, sequence_id, offset, length); kind "prompt" or "sampled"."""
+    out = []
+    for m in msgs:
+        arm = m.WhichOneof("span")
+        if arm is None:
+            raise WireError("a provenance span is neither prompt_tokens nor sampled_tokens")
+        run = getattr(m, arm)
+        out.append(("sampled" if arm == "sampled_tokens" else "prompt", run.sequence_id,
+                    int(run.offset), int(run.length)))
+    return out
 
 
 def _batched(arrays: list[np.ndarray]) -> pb.BatchedTensor:

@@ -83,9 +83,29 @@ def dro(logp_BT, inputs, cfg):
     return -(logp_BT * inputs["advantages"] - penalty)
 
 
+def stable_reinforce(logp_BT, inputs, cfg):
+    """StableReinforce as this server defines it (Tinker publishes the name, the sampling-time
+    records and the provenance, not the objective: docs/service.md says what was chosen and
+    why): REINFORCE with a stop-gradient importance weight against the log-probabilities the
+    SAMPLER recorded for the tokens it sampled, `q_t` (`recorded_logprobs`, filled by the server
+    from the records that the datum's provenance names, never sent by the client), and tokens
+    whose ratio left a trust band masked out:
+    `r_t = exp(log pi_t - q_t)`, `w_t = sg(r_t) if low <= r_t <= high else 0`,
+    `L_t = -m_t w_t A_t log pi_t`, with `m_t` 1 on positions a `SampledProvenanceSpan` covers
+    (`sampled`; prompt positions: 0). On-policy (`r_t = 1`) its gradient is REINFORCE's; off
+    policy each token is importance-corrected, and a token whose probability moved beyond the
+    band (a stale sample, or sampler numerics that disagree with the trainer's) adds no
+    gradient rather than a large one: the masked importance sampling of Ling Team 2025, "Every
+    Step Evolves" (IcePop, arXiv:2510.18855), on REINFORCE (Williams 1992)."""
+    r = jax.lax.stop_gradient(jnp.exp(logp_BT - inputs["recorded_logprobs"]))
+    keep = (r >= cfg["clip_low_threshold"]) & (r <= cfg["clip_high_threshold"])
+    w = jnp.where(keep, r, 0.0) * inputs["sampled"]
+    return -w * inputs["advantages"] * logp_BT
+
+
 # the SDK's documented config defaults for ppo / cispo; gspo's: the GSPO paper's clipping
-# ranges (3e-4, 4e-4 around 1); dro's beta: the value Tinker's loss page shows (see
-# docs/service.md for both choices)
+# ranges (3e-4, 4e-4 around 1); dro's beta: the value Tinker's loss page shows;
+# stable_reinforce's band: this server's choice (docs/service.md for all three)
 _RL, _CLIP = ("logprobs", "advantages"), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 LOSSES = {
     "cross_entropy": (cross_entropy, (), {"weights": 1.0}, {}),
@@ -95,7 +115,12 @@ LOSSES = {
     "gspo": (gspo, _RL, {"sequence_ratio_mask": -1.0},
              {"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4}),
     "dro": (dro, _RL, {}, {"beta": 0.05}),
+    # recorded_logprobs / sampled: filled by the server from the datum's provenance
+    # (jaxrl.service.stability), never sent; the band: within a factor 2 of the sampler's
+    "stable_reinforce": (stable_reinforce, ("advantages", "recorded_logprobs", "sampled"), {},
+                         {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0}),
 }
+SERVER_INPUTS = {"stable_reinforce": ("recorded_logprobs", "sampled")}
 
 # tinker.types.AdamParams' defaults (SDK 0.38): `ADAM`'s hyper-parameters, set per optim_step
 ADAM_DEFAULTS = dict(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12, weight_decay=0.0,

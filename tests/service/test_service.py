@@ -121,7 +121,7 @@ def test_bad_requests_get_sdk_errors_and_the_server_keeps_serving(server, client
     with pytest.raises(tinker.NotFoundError, match="unknown base model 'nope'"):
         client.create_lora_training_client(base_model="nope", rank=2).result()
     tc = client.create_lora_training_client(base_model="tiny", rank=4, seed=1).result()
-    with pytest.raises(tinker.BadRequestError, match="loss_fn 'stable_reinforce' is not supported"):
+    with pytest.raises(tinker.BadRequestError, match="stable_reinforce needs provenance"):
         tc.forward_backward(DATA_A, "stable_reinforce").result()
     bad = datum([3, 4, 5, 6], weights=np.ones(7, np.float32))
     with pytest.raises(tinker.BadRequestError, match=r"'weights' has shape \[7\]; expected \[3\]"):
@@ -312,7 +312,7 @@ def test_options_are_done_or_refused_never_ignored(client):
     """Issue 48 item 2: `save_state(overwrite=False)` refuses an existing name,
     `kind="inflight"` sampling clients follow the client's latest inflight save,
     `prompt_logprobs_last_n` scores only the prompt's last N tokens, and
-    `record_stability_info` is refused (no stable_reinforce here)."""
+    `record_stability_info` is recorded (tests/service/test_stable_reinforce.py)."""
     tc = client.create_lora_training_client(base_model="tiny", rank=4, seed=5).result()
     first = tc.save_state("ckpt").result().path
     with pytest.raises(tinker.BadRequestError, match=f"{first} exists; pass overwrite=True"):
@@ -338,8 +338,7 @@ def test_options_are_done_or_refused_never_ignored(client):
     with pytest.raises(tinker.BadRequestError, match=r"in 1..len\(prompt\) - 1 = 4, got 5"):
         prompt_lp(w1, prompt_logprobs_last_n=5)
     stable = tc.save_weights_and_get_sampling_client(record_stability_info=True).result()
-    with pytest.raises(tinker.BadRequestError, match="record_stability_info is not supported"):
-        stable.sample(prompt, 1, greedy).result()
+    assert stable.sample(prompt, 1, greedy).result().sequences[0].sequence_id.startswith("seq-")
 
 
 def test_gspo_and_dro_through_the_sdk_equal_their_definitions_on_the_returned_logprobs(client):

@@ -10,7 +10,15 @@ import numpy as np
 
 from jaxrl.train import tinker
 from jaxrl.train.logprobs import target_logprobs
-from jaxrl.train.tinker import LOSSES, cispo, dro, gspo, importance_sampling, ppo
+from jaxrl.train.tinker import (
+    LOSSES,
+    cispo,
+    dro,
+    gspo,
+    importance_sampling,
+    ppo,
+    stable_reinforce,
+)
 
 CFG = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
 
@@ -51,7 +59,8 @@ def test_cross_entropy_is_weighted_nll_and_registry_is_complete():
     logp = jnp.log(jnp.array([[0.5, 0.25]]))
     out = LOSSES["cross_entropy"][0](logp, {"weights": jnp.array([[1.0, 0.0]])}, {})
     np.testing.assert_allclose(out, [[np.log(2.0), 0.0]], rtol=1e-6)
-    assert set(LOSSES) == {"cross_entropy", "importance_sampling", "ppo", "cispo", "gspo", "dro"}
+    assert set(LOSSES) == {"cross_entropy", "importance_sampling", "ppo", "cispo", "gspo", "dro",
+                           "stable_reinforce"}
 
 
 def test_target_logprobs_is_the_full_log_softmax_at_each_position_with_its_gradient():
@@ -175,3 +184,27 @@ def test_dro_is_policy_gradient_minus_a_quadratic_log_ratio_penalty():
     np.testing.assert_allclose(dro(logp, inputs, cfg), [[2.0125, -0.5]], rtol=1e-6)
     grad = jax.grad(lambda lp: dro(lp, inputs, cfg).sum())(logp)
     np.testing.assert_allclose(grad, [[-1.95, 1.0]], rtol=1e-6)
+
+
+def test_stable_reinforce_weights_reinforce_by_the_recorded_ratio_and_masks_outside_the_band():
+    """Tokens 0-3 sampled (recorded q), token 4 a prompt position. Ratios r = p / q by hand:
+    1.0 (on-policy), 1.5 (inside [0.5, 2]), 3.0 (above: masked), 0.25 (below: masked); the
+    prompt position has A = 1 but m = 0. L_t = -m w A log p, dL/dlog p = -m w A (w held)."""
+    q = np.log([0.2, 0.2, 0.1, 0.4, 0.5])
+    p = np.array([0.2, 0.3, 0.3, 0.1, 0.5])
+    a = np.array([2.0, -1.0, 1.0, 1.0, 1.0])
+    inputs = {"recorded_logprobs": jnp.asarray([q], jnp.float32),
+              "sampled": jnp.array([[1.0, 1.0, 1.0, 1.0, 0.0]]),
+              "advantages": jnp.asarray([a], jnp.float32)}
+    cfg = LOSSES["stable_reinforce"][3]
+    assert cfg == {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0}
+    logp = jnp.asarray([np.log(p)], jnp.float32)
+    w = np.array([1.0, 1.5, 0.0, 0.0, 0.0])
+    np.testing.assert_allclose(stable_reinforce(logp, inputs, cfg)[0], -w * a * np.log(p),
+                               rtol=1e-5)
+    grad = jax.grad(lambda lp: stable_reinforce(lp, inputs, cfg).sum())(logp)
+    np.testing.assert_allclose(grad[0], [-2.0, 1.5, 0.0, 0.0, 0.0], rtol=1e-5)
+    # a wider band keeps the ratio-3 token, weighted by its ratio: dL/dlog p = -3 * 1
+    wide = {"clip_low_threshold": 0.1, "clip_high_threshold": 4.0}
+    grad = jax.grad(lambda lp: stable_reinforce(lp, inputs, wide).sum())(logp)
+    np.testing.assert_allclose(grad[0], [-2.0, 1.5, -3.0, -0.25, 0.0], rtol=1e-5)
