@@ -148,9 +148,19 @@ class Backend:
             return self.base_graphdef
         return nnx.split(abstract_model(dataclasses.replace(self.cfg, lora=lcfg)))[0]
 
-    def _init_adapters(self, lcfg: LoraConfig, seed: int):
+    def _init_adapters(self, lcfg: LoraConfig, seed):
+        """A fresh model's LoRA adapters for `lcfg` (`seed`: an int, or a traced uint32; the key
+        is `jax.random.key(seed)` either way, as `nnx.Rngs(seed)` makes it)."""
         mcfg = dataclasses.replace(self.cfg, lora=lcfg)
-        return lora.split(nnx.to_pure_dict(nnx.state(Transformer(mcfg, rngs=nnx.Rngs(seed)))))[1]
+        rngs = nnx.Rngs(jax.random.key(seed))
+        return lora.split(nnx.to_pure_dict(nnx.state(Transformer(mcfg, rngs=rngs))))[1]
+
+    @functools.cached_property
+    def _jit_init(self):
+        """`_init_adapters` jitted with the layout static and the seed traced: one compile per
+        adapter layout, so a second client of a layout met before compiles nothing (a fresh
+        `functools.partial` per seed recompiled on every `create`: issue 48)."""
+        return jax.jit(self._init_adapters, static_argnums=0)
 
     def _add(self, lcfg: LoraConfig | None, graphdef, params, model_id: str | None = None
              ) -> str:
@@ -165,7 +175,7 @@ class Backend:
 
     def create(self, lcfg: LoraConfig, seed: int | None = None) -> str:
         seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
-        adapters = jax.jit(functools.partial(self._init_adapters, lcfg, seed))()
+        adapters = self._jit_init(lcfg, np.uint32(seed % 2**32))
         return self._add(lcfg, self._graph(lcfg), adapters)
 
     def create_from_state(self, path: str, with_optimizer: bool, model_id: str | None = None
