@@ -1,9 +1,11 @@
-"""The service's log lines for requests that did not succeed (logger `jaxrl.service`).
+"""The service's log lines (logger `jaxrl.service`).
 
-A request refused when it arrives (HTTP 4xx) is one warning line: route, key id
-(the owner hash of its API key, never the key), status and the reason sent to the client. An
-accepted request whose future does not succeed is one line when it ends: cancelled (info),
-refused while it ran (a user error: warning), or failed (error, with the traceback).
+Every HTTP request is one line when it is answered (`log_request`): method, route, key id (the
+owner hash of its API key, never the key), status and duration; at info level when it
+succeeded, at warning level when it was refused (HTTP 4xx, with the reason sent to the client)
+or failed (HTTP 5xx; the traceback is logged beside it at error level). An accepted request whose
+future does not succeed is one more line when it ends (`log_outcome`): cancelled (info), refused
+while it ran (a user error: warning), or failed (error, with the traceback).
 """
 
 from __future__ import annotations
@@ -19,17 +21,20 @@ from jaxrl.service.worker import Cancelled
 log = logging.getLogger("jaxrl.service")
 
 
-def refused(request: web.Request, response: web.Response, key_id: str) -> None:
-    """One warning line per refused request: route, key id, status, reason (a 500 is logged
-    where it is raised, with its traceback)."""
-    if response.status >= 500:
+def log_request(request: web.Request, response: web.StreamResponse, key_id: str,
+                seconds: float) -> None:
+    """One line per answered request: method, route, key id, status, duration; a refusal (4xx)
+    or failure (5xx) at warning level with the reason the client was sent."""
+    what = (f"{request.method} {request.path} ({key_id}, HTTP {response.status}, "
+            f"{seconds * 1e3:.1f} ms)")
+    if response.status < 400:
+        log.info("%s", what)
         return
     try:
         reason = json.loads(response.body)["error"]
-    except (TypeError, ValueError, KeyError):
+    except (AttributeError, TypeError, ValueError, KeyError):
         reason = response.reason
-    log.warning("refused %s %s (%s, HTTP %d): %s", request.method, request.path,
-                key_id, response.status, reason)
+    log.warning("%s %s: %s", "refused" if response.status < 500 else "failed", what, reason)
 
 
 def log_outcome(request_id: str, route: str, tenant: str | None, future) -> None:

@@ -33,6 +33,7 @@ import hashlib
 import itertools
 import logging
 import re
+import time
 import traceback
 import uuid
 
@@ -40,7 +41,7 @@ from aiohttp import web
 
 from jaxrl.service.backend import Backend, NotFound, UserError, lora_config
 from jaxrl.service.limits import Limits, SampleRequest, json_object
-from jaxrl.service.logs import log_outcome, refused
+from jaxrl.service.logs import log_outcome, log_request
 from jaxrl.service.running import Running, serve  # noqa: F401 - the server's entry points
 from jaxrl.service.stability import StabilityRecords
 from jaxrl.service.store import BadPath, check_model_id, check_name, parse_path
@@ -148,11 +149,11 @@ class Service:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
-        """Errors as JSON `{"error"}` with their status; each refusal or failure is one log
-        line (`jaxrl.service.logs`)."""
+        """Errors as JSON `{"error"}` with their status; each request is one log line
+        (`jaxrl.service.logs`)."""
+        start = time.perf_counter()
         response = await self._answer(request, handler)
-        if response.status >= 400:
-            refused(request, response, _key_id(request))
+        log_request(request, response, _key_id(request), time.perf_counter() - start)
         return response
 
     async def _answer(self, request: web.Request, handler):
