@@ -297,11 +297,23 @@ def test_gemma3_1b_config_and_the_planner_rows_have_the_real_shapes():
     assert gemma2_2b.num_params() == 2_614_341_888 == get_model("gemma2-2b").total_params
 
 
-def test_pallas_paths_take_the_window_and_scale():
+def test_pallas_paths_take_the_window_and_scale(monkeypatch):
     """Under impl="pallas" the window and the score scale reach the kernels (CPU: interpreted):
     the flash prefill, the decode and the paged decode equal the XLA path's masks, and a
     Gemma 3 (windows, its own scale, no soft-cap) gives transformers' logits through them."""
+    import jaxrl_kernels
     from jaxrl.models.paged import paged_attention, static_page_table
+
+    calls = []
+
+    def spying(name, kernel):
+        def spy(*args, **kw):
+            calls.append((name, kw.get("window"), kw.get("sm_scale")))
+            return kernel(*args, **kw)
+        return spy
+
+    for name in ("flash_attention", "decode_attention", "paged_decode_attention"):
+        monkeypatch.setattr(jaxrl_kernels, name, spying(name, getattr(jaxrl_kernels, name)))
 
     rng = np.random.default_rng(1)
     b, t, h, k, d, w, scale = 2, 13, 4, 2, 8, 5, 0.2
@@ -321,6 +333,8 @@ def test_pallas_paths_take_the_window_and_scale():
     got = paged_attention(q[:, -1:], k_pages, v_pages, table, pos, lengths, window=w,
                           scale=scale, impl="pallas")
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+    assert calls == [(name, w, scale) for name in ("flash_attention", "decode_attention",
+                                                   "paged_decode_attention")]
 
 
 def test_gemma3_through_the_pallas_flash_kernel_matches_transformers(saved):
