@@ -21,7 +21,8 @@ def _logprobs(adapters, base, tokens_BT, targets_BT, *, graphdef):
     model = nnx.merge(graphdef, lora.join(base, adapters))
     h_BTE = model.hidden(tokens_BT)
     w_EV = model.head_weight(h_BTE.dtype)
-    return target_logprobs(w_EV, h_BTE, targets_BT, chunk=LOGPROB_CHUNK)[0]
+    return target_logprobs(w_EV, h_BTE, targets_BT, chunk=LOGPROB_CHUNK,
+                           softcap=model.cfg.final_logit_softcap)[0]  # Gemma 2's, or None
 
 
 def _loss(adapters, base, tokens_BT, targets_BT, mask_BT, inputs, cfg, *, graphdef, loss):
