@@ -28,7 +28,7 @@ LONG_FILES = (
     "tests/rl/test_rebalance_auto.py", "tests/rl/test_run_defects.py",
     "tests/kernels/test_sharded_wiring.py", "tests/models/test_blocked_attention.py",
     "tests/test_gsm8k_recipe.py", "tests/rewards/test_code_trust.py",
-    "tests/rl/test_preemption.py",
+    "tests/rl/test_preemption.py", "tests/models/test_gemma.py", "tests/models/test_hub.py",
 )
 
 

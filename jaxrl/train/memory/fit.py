@@ -100,7 +100,7 @@ def _trainer(plan: MemoryPlan) -> list[tuple[str, MemoryPlan, str]]:
         p = plan.replan(_with(cfg, "train", param_dtype="bfloat16"), *_shapes(plan))
         out.append(("--train.param_dtype=bfloat16", p, "bf16 master weights and Adam state"))
     opt = plan.item("optimizer").bytes + plan.item("gradients").bytes
-    out.append(("LoRA (not in jaxrl yet)", plan, f"would drop most of the optimizer state and "
+    out.append(("LoRA (--model.lora.rank=16)", plan, f"would drop most of the optimizer state and "
                 f"gradients ({_fmt(opt)} per trainer device)"))
     if not plan.shared_host:  # CPU devices share one RAM: more of them add nothing
         cands = [(f"--mesh.trainer={fsdp * 2**i}x{tp} (more trainer devices)", cfg,
