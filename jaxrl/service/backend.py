@@ -42,12 +42,18 @@ from jaxrl.models.transformer import Transformer
 from jaxrl.presets import tiny_model_config, tiny_task_model_config
 from jaxrl.rounding import next_power_of_two
 from jaxrl.service import compute
+from jaxrl.service.checkpoints import Checkpoints
 from jaxrl.service.store import BadPath, Store, parse_path
 from jaxrl.service.wire import ForwardBackwardRequest
 from jaxrl.tokenizers import CharTokenizer, load_tokenizer
 from jaxrl.train import tinker
 
 ATTN, MLP = ("q", "k", "v", "o"), ("gate", "up", "down")
+# LoRA alpha of the service's adapters (scale alpha / rank), as tinker-cookbook assumes
+# (`hyperparam_utils`' lora_alpha=32), LoRA Without Regret used and SkyRL tx sets; jaxrl's own
+# default is 16, which at the same learning rate moves the adapters' product about half as far
+# per Adam step (docs/service.md)
+LORA_ALPHA = 32.0
 _copy = functools.partial(jax.tree.map, jnp.copy)
 
 
@@ -88,7 +94,7 @@ def lora_config(rank: int, train_attn: bool = True, train_mlp: bool = True) -> L
         raise UserError("LoRA needs train_attn or train_mlp (jaxrl has no unembedding adapter)")
     if not isinstance(rank, int) or rank < 1:
         raise UserError(f"lora rank must be an integer >= 1, got {rank!r}")
-    return LoraConfig(rank=rank, targets=targets)
+    return LoraConfig(rank=rank, alpha=LORA_ALPHA, targets=targets)
 
 
 # ----------------------------------------------------------------------------- the backend
@@ -108,6 +114,7 @@ class Backend:
         self.cfg, self.base, self.name = cfg, base, name
         self.decode = None if tokenizer is None else text_decoder(tokenizer)
         self.store = None if state_dir is None else Store(state_dir)
+        self.checkpoints = Checkpoints(self.store)  # when saved, TTLs, published, deletion
         self.epoch = uuid.uuid4().hex[:8]  # model ids stay unique across restarts
         max_len = min(max_len, cfg.max_position_embeddings)
         self.max_len, self.num_slots, self.eos_ids = max_len, num_slots, tuple(eos_ids)
@@ -115,6 +122,7 @@ class Backend:
         self.models: dict[str, TrainingModel] = {}
         self.snapshots: dict[str, Snapshot] = {}
         self._engines: dict = {}
+        self._graphs: dict = {}  # LoRA layout -> its graphdef
         self._multi: dict = {}  # LoRA layout -> (MultiLoraEngine, ids of its snapshots, weights)
         self.max_adapters = max_adapters
         self.sample_runs = self.sampled_requests = 0  # scheduler runs, the requests they served
@@ -144,9 +152,13 @@ class Backend:
     # ------------------------------------------------------------------ training clients
 
     def _graph(self, lcfg: LoraConfig | None):
+        """The model's graph with `lcfg`'s adapters (traced once per layout: ~0.3 s)."""
         if lcfg is None:
             return self.base_graphdef
-        return nnx.split(abstract_model(dataclasses.replace(self.cfg, lora=lcfg)))[0]
+        if lcfg not in self._graphs:
+            mcfg = dataclasses.replace(self.cfg, lora=lcfg)
+            self._graphs[lcfg] = nnx.split(abstract_model(mcfg))[0]
+        return self._graphs[lcfg]
 
     def _init_adapters(self, lcfg: LoraConfig, seed):
         """A fresh model's LoRA adapters for `lcfg` (`seed`: an int, or a traced uint32; the key
@@ -332,14 +344,16 @@ class Backend:
     # ---------------------------------------------------------------------- saved weights
 
     def saved(self, path: str) -> bool:
-        """Whether weights are saved at `path` (in memory or on disk)."""
-        return path in self.snapshots or (self.store is not None and self.store.has(path))
+        """Whether live (not deleted, not expired) weights are saved at `path`."""
+        return self.checkpoints.info(path) is not None
 
     def save(self, model_id: str, kind: str, name: str | None, with_optimizer: bool,
-             overwrite: bool = True) -> str:
+             overwrite: bool = True, ttl_seconds: int | None = None,
+             user_metadata: dict | None = None) -> str:
         """Snapshot the client's adapters (and Adam state `with_optimizer`) as
         tinker://<model_id>/<kind>/<name>; written to disk (atomically) when there is a store.
-        Not `overwrite`: a save already at that path is refused."""
+        Not `overwrite`: a save already at that path is refused. `ttl_seconds`: it is deleted
+        that long after (`checkpoints.py`)."""
         m = self.get(model_id)
         name = name or f"{kind}-{next(self._ids)}"
         path = f"tinker://{model_id}/{kind}/{name}"
@@ -361,10 +375,22 @@ class Backend:
                 "rslora": lc.rslora}}
             self.store.save_weights(path, meta, trees)
         self.snapshots[path] = snap
+        self.checkpoints.record(path, ttl_seconds, user_metadata)
         return path
 
+    def delete(self, path: str) -> int:
+        """Delete the checkpoint at `path` (files, record, cached weights); the bytes freed."""
+        self.snapshots.pop(path, None)
+        return self.checkpoints.delete(path)
+
     def snapshot(self, path: str) -> Snapshot:
-        """Saved weights by path: from memory, else from the store (an earlier run's save)."""
+        """Saved weights by path: from memory, else from the store (an earlier run's save).
+        A checkpoint deleted or expired (then deleted here) is not found."""
+        expired = self.checkpoints.expired(path)
+        if expired or self.checkpoints.info(path) is None:
+            held = self.snapshots.pop(path, None) is not None
+            why = " (its ttl_seconds ran out: deleted)" if expired else " (deleted)" if held else ""
+            raise NotFound(f"unknown weights path {path!r}{why}")
         if path in self.snapshots:
             return self.snapshots[path]
         loaded = None

@@ -40,8 +40,10 @@ import uuid
 from aiohttp import web
 
 from jaxrl.service.backend import Backend, NotFound, UserError, lora_config
+from jaxrl.service.checkpoints import save_options
 from jaxrl.service.limits import Limits, SampleRequest, json_object
 from jaxrl.service.logs import log_outcome, log_request
+from jaxrl.service.rest import DOWNLOADS, Rest
 from jaxrl.service.running import Running, serve  # noqa: F401 - the server's entry points
 from jaxrl.service.stability import StabilityRecords
 from jaxrl.service.store import BadPath, check_model_id, check_name, parse_path
@@ -143,7 +145,8 @@ class Service:
                 known, owner = self._owner_of_model(parse_path(path)[0])
             except BadPath:
                 known, owner = False, None
-            if not known or owner != self._owner(request):
+            mine = known and owner == self._owner(request)
+            if not mine and not self.backend.checkpoints.is_public(path):
                 raise NotFound(f"unknown weights path {path!r}")
         return self.backend.snapshot(path)
 
@@ -157,7 +160,8 @@ class Service:
         return response
 
     async def _answer(self, request: web.Request, handler):
-        if self.keys and request.headers.get("X-API-Key") not in self.keys:
+        if (self.keys and request.headers.get("X-API-Key") not in self.keys
+                and not request.path.startswith(DOWNLOADS)):  # (signed URLs: `rest.py`)
             return web.json_response({"error": "missing or unknown X-API-Key"}, status=401)
         try:
             # a body over the limit is refused from its Content-Length, before it is read
@@ -331,6 +335,7 @@ class Service:
         body = await _body(request)
         self._model(request, body["model_id"])
         name, overwrite = body.get("path"), bool(body.get("overwrite", False))
+        opts = save_options(body, "save_state")  # ttl_seconds, user_metadata
         if name is not None:
             check_name(name, "save_state name")
             path = f"tinker://{body['model_id']}/weights/{name}"
@@ -338,7 +343,7 @@ class Service:
                 raise UserError(f"save_state: {path} exists; pass overwrite=True to replace it")
 
         def run():
-            path = self.backend.save(body["model_id"], "weights", name, True, overwrite)
+            path = self.backend.save(body["model_id"], "weights", name, True, overwrite, **opts)
             return {"type": "save_weights", "path": path}
 
         return self.submit(request, run, model_id=body["model_id"])
@@ -400,13 +405,14 @@ class Service:
         if kind not in ("snapshot", "inflight"):
             raise UserError(f"save_weights_for_sampler: kind {kind!r} is not one of 'snapshot', "
                             "'inflight'")
+        opts = save_options(body, "save_weights_for_sampler")  # ttl_seconds, user_metadata
         if kind == "inflight" and name is not None:
             raise UserError("save_weights_for_sampler: an inflight save is not named (it "
                             "publishes the client's shared sampling weights)")
         owner = self._owner(request)
 
         def run():
-            path = self.backend.save(model_id, "sampler_weights", name, False)
+            path = self.backend.save(model_id, "sampler_weights", name, False, **opts)
             if name is not None:
                 return {"type": "save_weights_for_sampler", "path": path}
             sid = self._new_sampler(path, owner)
@@ -526,6 +532,9 @@ class Service:
             web.post(f"{v1}/retrieve_future", self.retrieve_future),
             web.post(f"{v1}/cancel_future", self.cancel_future),
         ])
+        rest = Rest(self)  # the RestClient's routes: runs, checkpoints, external weights
+        app.add_routes(rest.routes())
+        app.cleanup_ctx.append(rest.sweeper)
         return app
 
 

@@ -5,6 +5,11 @@ Layout under the server's state directory (`--state-dir`):
     weights/<model_id>/<kind>/<name>.npz   one saved state or sampler weights (kind: "weights" |
                                            "sampler_weights"), addressed as
                                            tinker://<model_id>/<kind>/<name>
+    weights/<model_id>/external_weights/<name>/  a PEFT adapter directory (or a Hugging Face
+                                           model's, full parameters): save_weights_external
+    weights/<model_id>/<kind>/<name>.json  the checkpoint's record: when it was saved, when it
+                                           expires (ttl_seconds), public, user metadata
+                                           (`jaxrl.service.checkpoints`)
     samplers/<session_id>.json             the weights path a sampling session samples from (and
                                            the owner that made it, when keys are set)
     owners/<model_id>.json                 the owner of a training client, and so of every weights
@@ -23,6 +28,7 @@ import io
 import json
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -33,7 +39,8 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # model ids also take ':': the SDK names a client made from a saved state itself,
 # `<session_id>:train:<model_seq_id>` (create_training_client_from_state)
 _MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
-KINDS = ("weights", "sampler_weights")
+KINDS = ("weights", "sampler_weights", "external_weights")
+EXTERNAL = "external_weights"  # a directory of files, not an .npz
 
 
 class BadPath(ValueError):
@@ -108,7 +115,85 @@ class Store:
 
     def _file(self, path: str) -> Path:
         model_id, kind, name = parse_path(path)
-        return self.root / "weights" / model_id / kind / f"{name}.npz"
+        folder = self.root / "weights" / model_id / kind
+        return folder / name if kind == EXTERNAL else folder / f"{name}.npz"
+
+    def _info_file(self, path: str) -> Path:
+        model_id, kind, name = parse_path(path)
+        return self.root / "weights" / model_id / kind / f"{name}.json"
+
+    def external_dir(self, path: str) -> Path:
+        """The directory of an external-weights checkpoint (`save_weights_external`)."""
+        if parse_path(path)[1] != EXTERNAL:
+            raise BadPath(f"{path} is not an external weights path (tinker://<model_id>/"
+                          f"{EXTERNAL}/<name>)")
+        return self._file(path)
+
+    def write_info(self, path: str, info: dict) -> None:
+        atomic_write(self._info_file(path), json.dumps(info).encode())
+
+    def info(self, path: str) -> dict | None:
+        """The checkpoint's record (`write_info`), None if nothing is saved at `path`; a save
+        without one (an earlier server's) gets its file's time."""
+        if not self.has(path):
+            return None
+        file = self._info_file(path)
+        if file.exists():
+            return json.loads(file.read_text())
+        return {"time": self._file(path).stat().st_mtime}
+
+    def paths(self, model_id: str) -> list[str]:
+        """The tinker paths saved under `model_id` (every kind)."""
+        out = []
+        for kind in KINDS:
+            folder = self.root / "weights" / check_model_id(model_id) / kind
+            if not folder.is_dir():
+                continue
+            for f in sorted(folder.iterdir()):
+                if f.name.startswith("."):
+                    continue
+                if (f.is_dir() and kind == EXTERNAL) or (f.suffix == ".npz" and kind != EXTERNAL):
+                    out.append(f"tinker://{model_id}/{kind}/{f.stem if f.is_file() else f.name}")
+        return out
+
+    def model_ids(self) -> list[str]:
+        """Every training client with an owner record or saved weights."""
+        ids = {f.stem for f in (self.root / "owners").glob("*.json")}
+        ids |= {d.name for d in (self.root / "weights").glob("*") if d.is_dir()}
+        return sorted(ids)
+
+    def size(self, path: str) -> int:
+        file = self._file(path)
+        if file.is_dir():
+            return sum(f.stat().st_size for f in file.rglob("*") if f.is_file())
+        return file.stat().st_size if file.exists() else 0
+
+    def delete(self, path: str) -> int:
+        """Remove the checkpoint at `path` and its record; the bytes freed (0: none there)."""
+        file, freed = self._file(path), self.size(path)
+        if file.is_dir():
+            shutil.rmtree(file)
+        else:
+            file.unlink(missing_ok=True)
+        self._info_file(path).unlink(missing_ok=True)
+        return freed
+
+    def link(self, src: str, dst: str) -> None:
+        """Make `dst` hold `src`'s files as hard links (no bytes copied; deleting one leaves the
+        other), falling back to a copy where links are not possible."""
+        a, b = self._file(src), self._file(dst)
+        b.parent.mkdir(parents=True, exist_ok=True)
+
+        def link(x, y):
+            try:
+                os.link(x, y)
+            except OSError:
+                shutil.copy2(x, y)
+
+        if a.is_dir():
+            shutil.copytree(a, b, copy_function=link)
+        else:
+            link(a, b)
 
     def save_weights(self, path: str, meta: dict, trees: dict) -> None:
         """`trees`: {"adapters": ..., optionally "mu", "nu"} pytrees of arrays."""
@@ -127,10 +212,13 @@ class Store:
         """(meta, trees shaped as `like(meta)`), or None if nothing is saved at `path`.
         `like(meta)` gives the expected pytree per prefix present in the file."""
         file = self._file(path)
-        if not file.exists():
+        if parse_path(path)[1] == EXTERNAL or not file.exists():
             return None
-        with np.load(file) as z:
-            arrays = {k: z[k] for k in z.files}
+        try:
+            with np.load(file) as z:
+                arrays = {k: z[k] for k in z.files}
+        except FileNotFoundError:  # deleted since (a checkpoint deleted or expired)
+            return None
         meta = json.loads(arrays.pop("meta").tobytes())
         prefixes = {k.split("/", 1)[0] for k in arrays}
         shapes = like(meta)

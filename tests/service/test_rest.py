@@ -5,14 +5,22 @@ random model with a state directory (one server for the module)."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
+import urllib.error
+import urllib.request
 
 import jax
+import numpy as np
 import pytest
 import tinker
 
+from jaxrl.models.safetensors_io import read_safetensors
 from jaxrl.service.backend import Backend, lora_config
 from jaxrl.service.server import Running, Service
+
+ALICE, BOB = "tml-alice", "tml-bob"
 
 _COMPILES: list[int] = []  # one entry per XLA compilation while a test listens (see below)
 
@@ -28,16 +36,41 @@ jax.monitoring.register_event_duration_secs_listener(_count_compile)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
-    running = Running(Service(Backend.load("tiny", max_len=64, num_slots=4, state_dir=state)))
+    running = Running(Service(Backend.load("tiny", max_len=64, num_slots=4, state_dir=state),
+                              api_keys=[ALICE, BOB]))
+    running.state = state
     yield running
     running.stop()
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    service_client = tinker.ServiceClient(base_url=server.url, api_key="tml-local")
+    service_client = tinker.ServiceClient(base_url=server.url, api_key=ALICE)
     yield service_client
     service_client.close("success").result()
+
+
+@pytest.fixture(scope="module")
+def bob(server):
+    service_client = tinker.ServiceClient(base_url=server.url, api_key=BOB)
+    yield service_client
+    service_client.close("success").result()
+
+
+@pytest.fixture(scope="module")
+def trained(client):
+    """A rank-4 client of Alice's after one step."""
+    tc = client.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
+    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints([3, 4, 5, 6]),
+                               loss_fn_inputs={"target_tokens": [4, 5, 6, 7]})
+    tc.forward_backward([datum], "cross_entropy").result()
+    tc.optim_step(tinker.types.AdamParams(learning_rate=1e-2)).result()
+    return tc
+
+
+def _file(server, path: str, suffix: str = ".npz"):
+    run, kind, name = path.removeprefix("tinker://").split("/")
+    return server.state / "weights" / run / kind / (name + suffix)
 
 
 def test_a_second_lora_client_of_a_layout_compiles_nothing(server, client):
@@ -59,3 +92,108 @@ def test_a_second_lora_client_of_a_layout_compiles_nothing(server, client):
     assert backend_s <= 0.5, f"Backend.create took {backend_s:.2f} s"
     assert sdk_s <= 2.0, f"create_lora_training_client took {sdk_s:.2f} s through the SDK"
     assert tc.get_info().lora_rank == 4
+
+
+def test_runs_and_checkpoints_listed_got_by_path_and_deleted_freeing_disk(server, client,
+                                                                          trained):
+    rest = client.create_rest_client()
+    state = trained.save_state("a", user_metadata={"step": "1"}).result().path
+    sampler = trained.save_weights_for_sampler("s", ttl_seconds=7200).result().path
+    t_saved = time.time()
+    listed = rest.list_checkpoints(trained.model_id).result().checkpoints
+    assert [(c.checkpoint_id, c.checkpoint_type, c.tinker_path) for c in listed] == [
+        ("weights/a", "training", state), ("sampler_weights/s", "sampler", sampler)]
+    assert [c.size_bytes for c in listed] == [os.path.getsize(_file(server, p))
+                                              for p in (state, sampler)]
+    assert listed[0].user_metadata == {"step": "1"} and listed[0].expires_at is None
+    assert abs(listed[1].expires_at.timestamp() - (t_saved + 7200)) < 60
+    run = rest.get_training_run_by_tinker_path(state).result()
+    assert (run.training_run_id, run.is_lora, run.lora_rank) == (trained.model_id, True, 4)
+    assert run.last_checkpoint.tinker_path == state
+    assert run.last_sampler_checkpoint.tinker_path == sampler
+    assert rest.get_training_run(trained.model_id).result().training_run_id == trained.model_id
+    runs = rest.list_training_runs(limit=100).result()
+    assert trained.model_id in [r.training_run_id for r in runs.training_runs]
+    assert runs.cursor.total_count == len(runs.training_runs)
+    assert state in [c.tinker_path for c in rest.list_user_checkpoints().result().checkpoints]
+
+    rest.delete_checkpoint_from_tinker_path(state).result()
+    assert not _file(server, state).exists() and not _file(server, state, ".json").exists()
+    assert [c.tinker_path for c in rest.list_checkpoints(trained.model_id).result()
+            .checkpoints] == [sampler]
+    with pytest.raises(tinker.NotFoundError, match="unknown weights path .*a'"):
+        trained.load_state(state).result()
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint weights/a in training run"):
+        rest.delete_checkpoint_from_tinker_path(state).result()
+    with pytest.raises(tinker.NotFoundError, match="unknown training run 'run-nope'"):
+        rest.get_training_run("run-nope").result()
+
+
+def test_a_checkpoint_past_its_ttl_is_deleted_from_disk(server, client, trained):
+    rest = client.create_rest_client()
+    path = trained.save_state("short", ttl_seconds=3600).result().path
+    assert _file(server, path).exists()
+    rest.set_checkpoint_ttl_from_tinker_path(path, None).result()  # never expires
+    assert server.service.backend.checkpoints.info(path)["expires_at"] is None
+    rest.set_checkpoint_ttl_from_tinker_path(path, 3600).result()
+    # an hour passes: the record's expiry moved into the past (the clock is not mocked)
+    server.service.backend.checkpoints.update(path, expires_at=time.time() - 1)
+    assert path not in [c.tinker_path for c in rest.list_checkpoints(trained.model_id).result()
+                        .checkpoints]
+    assert not _file(server, path).exists()
+    with pytest.raises(tinker.NotFoundError, match="unknown weights path"):
+        client.create_sampling_client(model_path=path).result()
+    later = trained.save_state("swept", ttl_seconds=3600).result().path
+    server.service.backend.checkpoints.update(later, expires_at=time.time() - 1)
+    assert later in server.service.backend.checkpoints.sweep()
+    assert not _file(server, later).exists()
+
+
+def test_external_weights_are_a_peft_adapter_served_from_this_host(server, client, trained):
+    rest = client.create_rest_client()
+    path = trained.save_weights_external("ext").result().path
+    assert path == f"tinker://{trained.model_id}/external_weights/ext"
+    got = rest.get_external_weights_urls(path).result()
+    assert sorted(got.urls) == ["adapter_config.json", "adapter_model.safetensors"]
+    folder = _file(server, path, "")
+    for name, url in got.urls.items():
+        assert url.startswith(server.url + "/")
+        with urllib.request.urlopen(url) as r:  # no API key: the URL is signed
+            assert r.read() == (folder / name).read_bytes()
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (
+        4, 32, "tiny")
+    tensors = read_safetensors(folder / "adapter_model.safetensors")
+    a = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+    m = server.service.backend.get(trained.model_id)
+    q_a = m.adapters["layers"][0]["attn"]["q_lora_a"]
+    assert np.array_equal(a, np.asarray(q_a, np.float32).reshape(-1, 4).T)  # PEFT: A is [r, in]
+    with pytest.raises(urllib.error.HTTPError, match="403"):
+        urllib.request.urlopen(got.urls["adapter_config.json"].replace("signature=",
+                                                                       "signature=0"))
+    rest.delete_checkpoint_from_tinker_path(path).result()
+    assert not folder.exists()
+
+
+def test_publish_lets_another_key_load_and_copy_shares_the_files(server, client, bob,
+                                                                 trained):
+    rest, bob_rest = client.create_rest_client(), bob.create_rest_client()
+    path = trained.save_weights_for_sampler("pub").result().path
+    with pytest.raises(tinker.NotFoundError, match="unknown training run"):
+        bob_rest.list_checkpoints(trained.model_id).result()
+    with pytest.raises(tinker.NotFoundError, match="unknown weights path"):
+        bob_rest.get_weights_info_by_tinker_path(path).result()
+    rest.publish_checkpoint_from_tinker_path(path).result()
+    assert rest.list_checkpoints(trained.model_id).result().checkpoints[-1].public
+    info = bob_rest.get_weights_info_by_tinker_path(path).result()
+    assert (info.base_model, info.is_lora, info.lora_rank) == ("tiny", True, 4)
+    copy = bob_rest.copy_weights(path, "proj-b").result()
+    assert copy.startswith("tinker://copy-") and copy.endswith("/sampler_weights/pub")
+    assert os.stat(_file(server, copy)).st_ino == os.stat(_file(server, path)).st_ino
+    assert [r.training_run_id for r in bob_rest.list_training_runs(project_id="proj-b")
+            .result().training_runs] == [copy.split("/")[2]]
+    rest.unpublish_checkpoint_from_tinker_path(path).result()
+    with pytest.raises(tinker.NotFoundError, match="unknown weights path"):
+        bob_rest.get_weights_info_by_tinker_path(path).result()
+    rest.delete_checkpoint_from_tinker_path(path).result()
+    assert bob_rest.get_weights_info_by_tinker_path(copy).result().lora_rank == 4
