@@ -174,8 +174,8 @@ class LiveRebalance:
             rate = (lambda s: pol.throughput(*s)) if pol.t_rate else (lambda s: float("nan"))
             decision = Decision(steps_done, pol.split, new, rate(pol.split), rate(new), pol.cost_s)
             mirrored = not self.mirrored
-            if parts is not None:  # compiled now, in the pause (a forced move does not wait)
-                self._start_ahead((new[0], mirrored), parts).result()
+            if parts is not None:  # a forced move does not wait: the pause waits for this
+                self._start_ahead((new[0], mirrored), parts)
         elif self.cfg.rebalance == "auto":
             ready = lambda split: self._ready((split[0], mirrored), parts)
             decision = pol.decide(steps_done, steps_left=self.cfg.steps - steps_done,
@@ -308,14 +308,15 @@ class LiveRebalance:
         (`mirrored`: counted from the last device), with the generator compiled ahead for it
         (else one built now)."""
         key, old_key = (trainer_chips, mirrored), (self.policy.split[0], self.mirrored)
-        if self.ahead is not None and self.ahead.key == key:
-            if self._ahead_counting:  # a forced move's, finished in the pause
-                self._ahead_counting = False
-                self._compiled()
-            self.ahead = None
         meshes = self._meshes(*key)
 
         def build(parts, version: int):
+            if self.ahead is not None and self.ahead.key == key:
+                if self._ahead_counting:  # a forced move's, finished in the pause
+                    self.ahead.result()
+                    self._ahead_counting = False
+                    self._compiled()
+                self.ahead = None
             trainer, _, _ = move_trainer(parts.trainer, meshes.trainer)
             generator = self._generators.pop(key, None)
             if generator is None:
