@@ -12,15 +12,20 @@ beside it are slower) and any compilation they did not hide inside it. Reported:
 auto / fixed (median of the paired ratios) on a line of its own, the load average before and
 after, each run's trainer idle fraction, and every move with its predicted rate and payback,
 its compile-ahead (wall time, cost to the steps beside it), its pause and uncovered compilation
-against 2 steps' time after it, and the rate and payback measured after it.
+against 2 steps' time after it, and the rate and payback measured after it; the runs'
+rebalancing log lines (why a step did not move). Each run starts once the compile-ahead of the
+one before it (which may outlive it) has finished, and all share one persistent compilation
+cache, so a split compiled in an earlier run loads from it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -56,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="pipeline.rebalance_cost_s: a move's assumed pause and compile-ahead "
                         "cost until measured (a move must pay for them over the steps left; the "
                         "pause measured on a 2-core machine was 1.5-2.8 s)")
-    p.add_argument("--repeats", type=int, default=2,
+    p.add_argument("--repeats", type=int, default=3,
                    help="pairs of runs, the order alternating; the ratio is their median")
     p.add_argument("--cache-dir", default=None,
                    help="XLA's persistent compilation cache (default: JAX_COMPILATION_CACHE_DIR "
@@ -140,9 +145,35 @@ def _run(args, overrides: list[str], tmp: str, policy: str, split: tuple[int, in
         f"--generate.debug_chunk_delay_s={args.delay}", "--train.checkpoint_every=0",
     ])
     t0 = time.perf_counter()
-    history = run(cfg, progress=False, evaluate=False).history
+    handler = _LogLines(f"{policy}-{tag}")
+    logger = logging.getLogger("jaxrl")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        history = run(cfg, progress=False, evaluate=False).history
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    wall_s = time.perf_counter() - t0
+    for thread in threading.enumerate():  # a compile-ahead the run outlived: not in the next run
+        if thread.name.startswith("jaxrl-compile-ahead"):
+            thread.join()
     return figures(history, args.warmup, cfg.data.prompts_per_step * cfg.data.group_size,
-                   wall_s=time.perf_counter() - t0)
+                   wall_s=wall_s)
+
+
+class _LogLines(logging.Handler):
+    """Prints the run's rebalancing log lines (why it moved or did not) and its warnings."""
+
+    def __init__(self, run: str):
+        super().__init__(logging.INFO)
+        self.run = run
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if record.levelno >= logging.WARNING or message.startswith("rebalance"):
+            print(f"  [{self.run}] {message}", flush=True)
 
 
 def figures(history: list[dict], warmup: int, batch: int, *, wall_s: float = float("nan")

@@ -163,6 +163,11 @@ class LiveRebalance:
             added.update(self._measure(step_s))
         steps_done = record.steps_done
         if steps_done >= self.cfg.steps:
+            if self.ahead is not None and self._ahead_counting:
+                log.info("rebalance: the run ended with %d:%d still compiling ahead (for "
+                         "%.1fs): it did not pay", self.ahead.key[0],
+                         len(self.devices) - self.ahead.key[0],
+                         time.perf_counter() - self.ahead.started)
             return added, None
         decision, mirrored = None, self.mirrored
         every = self.cfg.rebalance_every
