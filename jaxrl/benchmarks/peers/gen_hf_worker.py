@@ -1,11 +1,12 @@
 """`transformers.generate`'s side of `bench.py generate --vs hf` (torch CPU, own venv).
 
-    python gen_hf_worker.py WORK_DIR [greedy]
+    python gen_hf_worker.py WORK_DIR [greedy | reference]
 
-Loads the saved model in f32, sets `threads` torch threads, warms up with a 2-token generate,
-then times `repeats` generations of the whole batch (exactly `new_tokens` each: min = max new
-tokens, no EOS id), each printed as a `run` line. With `greedy`, first prints the greedy
-continuations of the first `greedy_prompts` prompts (`greedy` line).
+Loads the saved model in the workload's `dtype`, sets `threads` torch threads, warms up with a
+2-token generate, then times `repeats` generations of the whole batch (exactly `new_tokens` each:
+min = max new tokens, no EOS id), each printed as a `run` line. With `greedy`, first prints the
+greedy continuations of the first `greedy_prompts` prompts (`greedy` line), always in f32: the
+reference every engine's greedy tokens are compared with; `reference` prints only those.
 """
 
 from __future__ import annotations
@@ -22,22 +23,27 @@ def main(argv: list[str]) -> int:
     work, *flags = argv
     w = common.load_workload(work)
     torch.set_num_threads(w["threads"])
-    model = AutoModelForCausalLM.from_pretrained(w["model"], dtype=torch.float32).eval()
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[w.get("dtype", "float32")]
+    model = AutoModelForCausalLM.from_pretrained(w["model"], dtype=dtype).eval()
     ids = torch.tensor(w["prompts"])
     plen = ids.shape[1]
     kw = dict(eos_token_id=None, pad_token_id=0)
 
-    def generate(batch, n, **sampling):
-        out = model.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=n,
+    def generate(batch, n, net=model, **sampling):
+        out = net.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=n,
                              min_new_tokens=n, **kw, **sampling)
         return out[:, plen:]
 
     sample = dict(do_sample=True, temperature=w["temperature"], top_k=w["top_k"],
                   top_p=w["top_p"])
     with torch.no_grad():
-        if "greedy" in flags:
-            new = generate(ids[:w["greedy_prompts"]], w["greedy_new"], do_sample=False)
+        if "greedy" in flags or "reference" in flags:
+            f32 = model if dtype == torch.float32 else AutoModelForCausalLM.from_pretrained(
+                w["model"], dtype=torch.float32).eval()
+            new = generate(ids[:w["greedy_prompts"]], w["greedy_new"], net=f32, do_sample=False)
             common.emit("greedy", tokens=new.tolist())
+            if "reference" in flags:
+                return 0
         generate(ids, 2, **sample)  # warm-up
         for i in range(w["repeats"]):
             torch.manual_seed(i)

@@ -2,12 +2,12 @@
 
     python gen_jaxrl_worker.py WORK_DIR none|int8|w8a8|fp8 [greedy]
 
-Loads the saved HF model in f32 (then, unless `none`, the generator copy quantized to that
-`generate.quantize` format), one engine with one slot per prompt and one prefill bucket (the prompt
-length). With `greedy`, first prints the greedy continuations of the first `greedy_prompts`
-prompts; then a warm-up of `chunk_steps` tokens (compiles prefill and the decode chunk), then
-`repeats` timed generations of the whole batch, exactly `new_tokens` each (no EOS ids), each
-printed as a `run` line.
+Loads the saved HF model in the workload's `dtype` (then, unless `none`, the generator copy
+quantized to that `generate.quantize` format), one engine with one slot per prompt and one prefill
+bucket (the prompt length). With `greedy`, first prints the greedy continuations of the first
+`greedy_prompts` prompts; then a warm-up of `chunk_steps` tokens (compiles prefill and the
+decode chunk), then `repeats` timed generations of the whole batch, exactly `new_tokens` each (no
+EOS ids), each printed as a `run` line.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from jaxrl.models.quant import quantized_copy
 def main(argv: list[str]) -> int:
     work, quantize, *flags = argv
     w = common.load_workload(work)
-    _, model = load_pretrained(w["model"], "float32")
+    _, model = load_pretrained(w["model"], w.get("dtype", "float32"))
     if quantize != "none":
         model = quantized_copy(model, quantize)
     engine = JaxEngine(model, num_slots=w["batch"], max_len=w["prompt_tokens"] + w["new_tokens"],
