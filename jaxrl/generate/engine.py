@@ -51,6 +51,7 @@ from jaxrl.generate.state import (  # noqa: F401 (re-exported: the engine's type
     StepResult,
     Weights,
 )
+from jaxrl.models import lowp_dots
 from jaxrl.models.moe import experts_dtype, num_sparse_layers
 from jaxrl.models.paged import PagedKVCache
 from jaxrl.models.transformer import KVCache, Transformer
@@ -127,8 +128,10 @@ class JaxEngine:
         self.params = Weights(state=state, version=self._version(version))
         self._state_shardings = self._decode_state_shardings()
         self._init_state_fn = None
-        self._prefill_fn = jax.jit(self._prefill_impl)
-        self._prefill_rows_fn = jax.jit(self._prefill_rows_impl)
+        # bf16 dots with f32 results on CPU (jaxrl/models/lowp_dots.py); GPU/TPU lower as before
+        self.wide_dots = self._platform() == "cpu"
+        self._prefill_fn = jax.jit(self._traced(self._prefill_impl))
+        self._prefill_rows_fn = jax.jit(self._traced(self._prefill_rows_impl))
         insert_kw, chunk_kw = {}, {}
         if mesh is not None:  # keep the decode state's layout fixed across calls
             insert_kw = dict(out_shardings=self._state_shardings)
@@ -136,10 +139,23 @@ class JaxEngine:
         self._insert_fn = jax.jit(self._insert_impl, donate_argnums=(1,), **insert_kw)
         self._release_fn = jax.jit(self._release_impl, donate_argnums=(0,), **insert_kw)
         self._chunk_fns = {
-            n: jax.jit(functools.partial(self._chunk_impl, num_steps=n), donate_argnums=(1,),
-                       **chunk_kw)
+            n: jax.jit(self._traced(functools.partial(self._chunk_impl, num_steps=n)),
+                       donate_argnums=(1,), **chunk_kw)
             for n in (1, chunk_steps)
         }
+
+    def _platform(self) -> str:
+        """The platform of the devices the engine's steps run on."""
+        devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
+        return next(iter(devices)).platform
+
+    def _traced(self, fn):
+        """`fn`, traced inside `lowp_dots.wide_results(self.wide_dots)`."""
+        def traced(*args, **kwargs):
+            with lowp_dots.wide_results(self.wide_dots):
+                return fn(*args, **kwargs)
+        traced.__name__ = getattr(fn, "__name__", None) or fn.func.__name__  # jit's name
+        return traced
 
     @classmethod
     def from_config(cls, model: Transformer, gen_cfg, *, max_len: int | None = None,

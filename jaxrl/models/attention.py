@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import jaxrl_kernels
+from jaxrl.models import lowp_dots
 from jaxrl.sharding import logical_to_spec, mesh_role
 
 IMPLS = ("xla", "pallas", "cudnn", "auto")
@@ -257,5 +258,5 @@ def cached_attention(q_BTHD, k_cache, v_cache, q_positions_BT, kv_lengths_B, *,
     probs_BKGTS = masked_softmax(scores_BKMS.reshape(b, hkv, g, t, s),
                                  mask_BTS[:, None, None, :, :])
     probs_BKMS = probs_BKGTS.reshape(b, hkv, g * t, s).astype(v_cache.dtype)
-    out_BKMD = jnp.einsum("bkms,bksd->bkmd", probs_BKMS, v_cache)
+    out_BKMD = lowp_dots.einsum("bkms,bksd->bkmd", probs_BKMS, v_cache)
     return out_BKMD.reshape(b, hkv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, hq, d)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl.models import lowp_dots
+
 
 @jax.custom_vjp
 def swiglu(x_BTE, w_gate_EF, w_up_EF, w_down_FE):
@@ -25,9 +27,9 @@ def swiglu(x_BTE, w_gate_EF, w_up_EF, w_down_FE):
 
 
 def _forward(x_BTE, w_gate_EF, w_up_EF, w_down_FE):
-    gate_BTF = x_BTE @ w_gate_EF
-    up_BTF = x_BTE @ w_up_EF
-    out_BTE = (jax.nn.silu(gate_BTF) * up_BTF) @ w_down_FE
+    gate_BTF = lowp_dots.matmul(x_BTE, w_gate_EF)
+    up_BTF = lowp_dots.matmul(x_BTE, w_up_EF)
+    out_BTE = lowp_dots.matmul(jax.nn.silu(gate_BTF) * up_BTF, w_down_FE)
     return out_BTE, (x_BTE, w_gate_EF, w_up_EF, w_down_FE, gate_BTF, up_BTF)
 
 

@@ -26,7 +26,7 @@ from flax import nnx
 
 from jaxrl.config import ModelConfig
 from jaxrl.config.sections import GEMMA_ARCHITECTURES
-from jaxrl.models import lora, quant
+from jaxrl.models import lora, lowp_dots, quant
 from jaxrl.models.attention import attention, soft_cap
 from jaxrl.models.kv_cache import DTYPES, KVCache
 from jaxrl.models.moe import MoE
@@ -129,7 +129,7 @@ def _project(module, name: str, spec: str, x, dt):
     if module.quant_format is not None:
         return quant.quantized_einsum(spec, x.astype(dt), w,
                                       getattr(module, f"{name}_scale")[...], module.quant_format)
-    return jnp.einsum(spec, x, w.astype(dt))
+    return lowp_dots.einsum(spec, x, w.astype(dt))
 
 
 def _quantize_projections(module, contracted: dict[str, int], fmt: str) -> None:

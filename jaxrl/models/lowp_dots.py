@@ -1,0 +1,51 @@
+"""bf16 / f16 dots with f32 results, for the generator's decode on XLA:CPU.
+
+XLA's CPU backend (jax 0.10.2) compiles a bf16 x bf16 -> bf16 dot as a convert of both operands
+to f32, an f32 dot and a convert of the result back: every decode step widens every weight
+matrix (2 bytes read, 4 written, 4 read again by the dot). The same dot asked for an f32 result
+(`preferred_element_type=float32`) is one library call (YNNPACK) on the bf16 operands, summing
+in f32; rounding its result to bf16 is what the widened dot did, so the numbers are the same up
+to the order of the sums. docs/design.md ("Lessons from measuring") has the op counts and times.
+
+The wide form is used only inside `wide_results(True)`, which `JaxEngine` sets while tracing its
+steps on CPU devices; elsewhere (GPU, TPU, the trainer) `einsum` and `matmul` are the plain
+`jnp` calls, so those lowerings are unchanged (tests/test_lowp_dots.py lowers both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import jax.numpy as jnp
+
+_WIDE = contextvars.ContextVar("jaxrl_wide_lowp_dots", default=False)
+LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+@contextlib.contextmanager
+def wide_results(enabled: bool = True):
+    """Within: low-precision dots traced by `einsum` / `matmul` ask for f32 results."""
+    token = _WIDE.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _WIDE.reset(token)
+
+
+def _wide(x, w) -> bool:
+    return _WIDE.get() and x.dtype == w.dtype and jnp.dtype(x.dtype) in LOW_PRECISION
+
+
+def einsum(spec: str, x, w):
+    """`jnp.einsum(spec, x, w)`; inside `wide_results`, with an f32 result rounded back."""
+    if _wide(x, w):
+        return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    return jnp.einsum(spec, x, w)
+
+
+def matmul(x, w):
+    """`x @ w`; inside `wide_results`, with an f32 result rounded back."""
+    if _wide(x, w):
+        return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    return x @ w

@@ -1,0 +1,78 @@
+"""bf16 dots with f32 results in the generator on CPU (jaxrl/models/lowp_dots.py): what XLA:CPU
+compiles with and without them, their numbers against a float64 hand computation, the engine
+turning them on for CPU devices only, and the GPU / TPU lowering of the decode step unchanged."""
+
+import operator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl.config import ModelConfig
+from jaxrl.generate import JaxEngine
+from jaxrl.models import create_model, lowp_dots
+
+BF16 = jnp.bfloat16
+
+
+def _compiled(*args, wide: bool) -> str:
+    def fn(x, w):  # a new function each time: jit's trace cache is keyed by the function
+        return lowp_dots.einsum("md,dn->mn", x, w)
+
+    with lowp_dots.wide_results(wide):
+        return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def test_wide_bf16_dot_reads_the_bf16_weight_and_sums_in_f32():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((32, 256)), BF16)  # a decode step's rows
+    w = jnp.asarray(rng.standard_normal((256, 128)), BF16)
+    plain, wide = _compiled(x, w, wide=False), _compiled(x, w, wide=True)
+    widened = "f32[256,128]{1,0} fusion(%w"  # the weight converted to f32 before the dot
+    assert widened in plain, (
+        "XLA:CPU no longer converts a bf16 x bf16 -> bf16 dot's weight to f32: check whether "
+        "lowp_dots still pays (docs/design.md) before updating this premise")
+    assert widened not in wide and "f32[32,128]{1,0} fusion(%x" in wide  # bf16 in, f32 out
+    with lowp_dots.wide_results():
+        got = np.asarray(lowp_dots.einsum("md,dn->mn", x, w), np.float64)
+    exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)  # bf16 products are exact
+    ulp = 2.0 ** (np.floor(np.log2(np.abs(exact))) - 7)  # bf16 keeps 8 significant bits
+    assert np.all(np.abs(got - exact) <= ulp), np.max(np.abs(got - exact) / ulp)
+    assert lowp_dots.einsum("md,dn->mn", x, w).dtype == BF16  # outside: the plain dot
+    with lowp_dots.wide_results():  # only low-precision pairs change
+        jaxpr = str(jax.make_jaxpr(lowp_dots.matmul)(x.astype(jnp.float32), w.astype(jnp.float32)))
+    assert "convert_element_type" not in jaxpr
+
+
+def _engine(monkeypatch, platform: str) -> JaxEngine:
+    cfg = ModelConfig(architecture="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
+                      num_layers=1, num_heads=4, num_kv_heads=2, qkv_bias=True,
+                      tie_embeddings=True, max_position_embeddings=64, dtype="bfloat16",
+                      param_dtype="bfloat16")
+    monkeypatch.setattr(JaxEngine, "_platform", lambda self: platform)
+    return JaxEngine(create_model(cfg, seed=0), num_slots=2, max_len=16, chunk_steps=2,
+                     prefill_buckets=[4])
+
+
+def _lowered(engine: JaxEngine, platform: str) -> str:
+    state = engine.init_decode_state()
+    fn = engine._chunk_fns[1]
+    return fn.trace(engine.params, state, np.int32(3)).lower(
+        lowering_platforms=(platform,)).as_text()
+
+
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+def test_decode_step_lowering_unchanged_off_cpu(monkeypatch, platform):
+    """An engine on GPU / TPU devices traces the plain dots: its decode step lowers exactly as
+    with the calls lowp_dots replaced (`jnp.einsum`, `@`); on CPU devices it differs."""
+    device = "gpu" if platform == "cuda" else platform
+    off_cpu = _engine(monkeypatch, device)
+    assert not off_cpu.wide_dots
+    ours = _lowered(off_cpu, platform)
+    on_cpu = _engine(monkeypatch, "cpu")
+    assert on_cpu.wide_dots
+    assert _lowered(on_cpu, platform) != ours
+    monkeypatch.setattr(lowp_dots, "einsum", jnp.einsum)
+    monkeypatch.setattr(lowp_dots, "matmul", operator.matmul)
+    assert _lowered(_engine(monkeypatch, device), platform) == ours
