@@ -73,7 +73,15 @@ class GeneratorModel:
 
     @property
     def kv_bytes_per_token(self) -> float:
+        """KV bytes per token with every layer keeping it (see `kv_bytes`)."""
         return self.model.kv_elems_per_token * self.eff.gen_bytes_per_param
+
+    def kv_bytes(self, b: float, kv_tokens: float) -> float:
+        """KV bytes of `b` sequences holding `kv_tokens` tokens in all, each taken at the mean
+        length (sliding layers keep at most their window: a mean over- rather than
+        under-counts them, min being concave)."""
+        per_seq = self.model.kv_elems_per_sequence(kv_tokens / b) if b > 0 else 0.0
+        return b * per_seq * self.eff.gen_bytes_per_param
 
     def step_time(self, b: float, kv_tokens: float) -> float:
         """Seconds of one decode step on one replica with `b` active sequences holding
@@ -81,7 +89,7 @@ class GeneratorModel:
         if b <= 0:
             return 0.0
         m, hw, p = self.model, self.hw, self.replica_chips
-        mem = m.params_read(b) * self.eff.gen_bytes_per_param + kv_tokens * self.kv_bytes_per_token
+        mem = m.params_read(b) * self.eff.gen_bytes_per_param + self.kv_bytes(b, kv_tokens)
         t_mem = mem / (p * hw.hbm_bw * self.eff.decode_bw_eff)
         flops = 2 * m.active_params * b
         if self.eff.count_attention:
@@ -171,8 +179,8 @@ def generator_model(model: ModelSpec, hw: HardwareSpec, workload: Workload, eff:
         raise Infeasible(f"generator needs >= {p} {hw.name} chips per replica of {model.name}, "
                          f"got {chips}")
     free = p * hw.hbm_bytes * eff.kv_mem_frac - model.total_params * eff.gen_bytes_per_param
-    per_slot = (model.kv_elems_per_token * eff.gen_bytes_per_param
-                * workload.response_stats().resident_kv_tokens)
+    per_slot = (model.kv_elems_per_sequence(workload.response_stats().resident_kv_tokens)
+                * eff.gen_bytes_per_param)
     slots = min(eff.max_slots, int(free // per_slot)) if free > 0 else 0
     if slots < 1:
         raise Infeasible(f"no KV memory left for one sequence on a {p}-chip {hw.name} replica")

@@ -44,6 +44,10 @@ class ModelSpec:
     experts: int = 1
     experts_per_token: int = 1
     kv_elems_per_token_layer: int | None = None
+    # sliding-window layers keep only `sliding_window` tokens of KV per sequence (the engine's
+    # ring buffer, jaxrl.models.kv_cache); the other layers keep every token
+    sliding_window: int | None = None
+    sliding_layers: int = 0
     source: str = ""
 
     def __post_init__(self):
@@ -59,11 +63,27 @@ class ModelSpec:
                  f"experts={self.experts}")
         _require(self.experts > 1 or self.active_params == self.total_params,
                  f"{self.name}: a dense model (experts=1) needs active_params == total_params")
+        _require(0 <= self.sliding_layers <= self.layers
+                 and (self.sliding_layers == 0 or (self.sliding_window or 0) >= 1),
+                 f"{self.name}: sliding_layers must lie in [0, layers={self.layers}] and need a "
+                 f"sliding_window >= 1, got sliding_layers={self.sliding_layers}, "
+                 f"sliding_window={self.sliding_window}")
+
+    @property
+    def _kv_elems_layer(self) -> int:
+        return self.kv_elems_per_token_layer or 2 * self.kv_heads * self.head_dim
 
     @property
     def kv_elems_per_token(self) -> int:
-        per_layer = self.kv_elems_per_token_layer or 2 * self.kv_heads * self.head_dim
-        return self.layers * per_layer
+        """Cached elements per token with every layer keeping it (no window)."""
+        return self.layers * self._kv_elems_layer
+
+    def kv_elems_per_sequence(self, tokens: float) -> float:
+        """Cached elements of one sequence of `tokens` tokens: the full layers keep all, the
+        sliding layers at most their window."""
+        kept = min(tokens, self.sliding_window) if self.sliding_layers else tokens
+        full = self.layers - self.sliding_layers
+        return self._kv_elems_layer * (full * tokens + self.sliding_layers * kept)
 
     @property
     def routed_expert_params(self) -> float:
@@ -297,14 +317,14 @@ MODELS: Mapping[str, ModelSpec] = {
                   kv_heads=2, head_dim=64, vocab=151936,
                   source="Qwen/Qwen2.5-0.5B config.json"),
         # Parameter counts by ModelConfig.num_params of the config.json shapes (tied
-        # embeddings, sandwich norms); the KV figure counts every layer's full cache, as the
-        # engine keeps it (the sliding layers' window: docs/models.md)
+        # embeddings, sandwich norms); the sliding layers' KV is their window, as the engine
+        # keeps it (docs/models.md)
         ModelSpec("gemma3-1b", 999_885_952, 999_885_952, layers=26, hidden=1152, heads=4,
-                  kv_heads=1, head_dim=256, vocab=262144,
+                  kv_heads=1, head_dim=256, vocab=262144, sliding_window=512, sliding_layers=22,
                   source="google/gemma-3-1b-it config.json (Gemma 3 release, 2025-03-12): 26 "
                          "layers, sliding window 512 on 5 of every 6"),
         ModelSpec("gemma2-2b", 2_614_341_888, 2_614_341_888, layers=26, hidden=2304, heads=8,
-                  kv_heads=4, head_dim=256, vocab=256000,
+                  kv_heads=4, head_dim=256, vocab=256000, sliding_window=4096, sliding_layers=13,
                   source="google/gemma-2-2b config.json (Gemma 2 2B release, 2024-07-31): 26 "
                          "layers, sliding window 4096 on every other"),
         # The model of jaxrl's default experiment; a test keeps it in step.

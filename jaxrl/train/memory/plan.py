@@ -29,7 +29,9 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from jaxrl.config import ConfigError, ModelConfig, RunConfig, TrainConfig
 from jaxrl.models import lora
+from jaxrl.models.kv_cache import layer_lengths, ring_sizes
 from jaxrl.models.model import abstract_model
+from jaxrl.models.paged import ring_page_counts
 from jaxrl.models.transformer import KVCache
 from jaxrl.rounding import round_up
 from jaxrl.sharding import MESH_AXES, logical_to_spec, pure_state_shardings, state_shardings
@@ -211,6 +213,27 @@ def _array_bytes(shape, axes, role: str, mesh_shape, itemsize: int) -> int:
     return math.prod(NamedSharding(mesh, spec).shard_shape(shape)) * itemsize
 
 
+def _kv_cache_bytes(model_cfg: ModelConfig, gen, slots: int, max_len: int, gshape,
+                    itemsize: int) -> tuple[int, str]:
+    """The generator's KV cache per device, as the engine makes it (`KVCache.init` /
+    `PagedKVCache.init` with `ring=True`: a sliding layer whose window is shorter than `max_len`
+    keeps only its window, whole pages when paged), and the note naming the layers."""
+    if gen.kv_layout == "paged":
+        full = -(-max_len // gen.page_size)
+        shapes = [(slots * (c or full), gen.page_size)
+                  for c in ring_page_counts(model_cfg, max_len, gen.page_size)]
+    else:
+        shapes = [(slots, n) for n in layer_lengths(model_cfg, max_len)]
+    tail = (model_cfg.num_kv_heads, model_cfg.head_size)
+    kv = sum(2 * _array_bytes((*shape, *tail), KVCache.LOGICAL_AXES, "generator", gshape,
+                              itemsize) for shape in shapes)
+    rings = sum(1 for w in ring_sizes(model_cfg, max_len) if w)
+    note = f"{model_cfg.num_layers} layers"
+    if rings:
+        note += f" ({rings} sliding: their {model_cfg.sliding_window}-position window)"
+    return kv, note
+
+
 # ------------------------------------------------------------------ the plan
 
 
@@ -301,13 +324,7 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
     dp, gtp = gshape
     slots = round_up(gen.num_slots, dp)
     max_len = gen.kv_len(max_seq_len)
-    if gen.kv_layout == "paged":
-        shape = (slots * -(-max_len // gen.page_size), gen.page_size)
-    else:
-        shape = (slots, max_len)
-    kv_shape = (*shape, model_cfg.num_kv_heads, model_cfg.head_size)
-    kv = 2 * model_cfg.num_layers * _array_bytes(kv_shape, KVCache.LOGICAL_AXES, "generator",
-                                                 gshape, _BYTES[gdt])
+    kv, kv_note = _kv_cache_bytes(model_cfg, gen, slots, max_len, gshape, _BYTES[gdt])
     logits = 2 * _array_bytes((slots, model_cfg.vocab_size), ("batch", "vocab"), "generator",
                               gshape, 4)
     gen_weights = _generator_bytes(st["abstract"], gdt, gshape)
@@ -325,7 +342,7 @@ def _plan(cfg, model_cfg, tshape, gshape, max_seq_len, platform, budget, note, c
         weights_note = f"{gen.quantize}: projections 1 byte, f32 scales"
     items += [Item("generator", f"weights ({gdt})", gen_weights, weights_note),
               Item("generator", f"KV cache ({slots} slots x {max_len} positions)", kv,
-                   f"x {model_cfg.num_layers} layers x (k, v) x {model_cfg.num_kv_heads} kv "
+                   f"x {kv_note} x (k, v) x {model_cfg.num_kv_heads} kv "
                    f"heads x {model_cfg.head_size} x {gdt}"),
               Item("generator", "decode logits + sampling", logits, "2 x [slots, V] f32")]
     header = (f"memory plan for {cfg.name} on {platform}: trainer fsdp x tp = {fsdp} x {ttp}, "
