@@ -58,6 +58,15 @@ def _iso(t: float | None) -> str | None:
     return None if t is None else datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat()
 
 
+def _scope(request: web.Request) -> str:
+    """`access_scope`: "owned" (the caller's runs) or "accessible" (also those holding a
+    published checkpoint)."""
+    scope = request.query.get("access_scope", "owned")
+    if scope not in ("owned", "accessible"):
+        raise UserError(f"access_scope must be 'owned' or 'accessible', got {scope!r}")
+    return scope
+
+
 def _int_param(request: web.Request, name: str, default: int) -> int:
     raw = request.query.get(name, str(default))
     try:
@@ -114,18 +123,22 @@ class Rest:
 
     # --------------------------------------------------------------------- runs and paths
 
-    def _runs(self, request) -> list[str]:
+    def _runs(self, request, scope: str = "owned") -> list[str]:
         ids = set(self.backend.models) | set(self.service.model_owner)
         ids |= set(self.checkpoints.model_ids())
-        return sorted(r for r in ids if self._mine(request, r))
+        return sorted(r for r in ids if self._mine(request, r, scope))
 
-    def _mine(self, request, run_id: str) -> bool:
+    def _mine(self, request, run_id: str, scope: str = "owned") -> bool:
+        """Whether the caller owns the run, or (`scope` "accessible") it holds a published
+        checkpoint."""
         known, owner = self.service._owner_of_model(run_id)
-        known = known or run_id in self.backend.models or bool(self.checkpoints.paths(run_id))
-        return known and self.service._allowed(request, owner)
+        paths = self.checkpoints.paths(run_id)
+        known = known or run_id in self.backend.models or bool(paths)
+        return known and (self.service._allowed(request, owner) or (
+            scope == "accessible" and any(self.checkpoints.is_public(p) for p in paths)))
 
-    def _run_id(self, request, run_id: str) -> str:
-        if not self._mine(request, run_id):
+    def _run_id(self, request, run_id: str, scope: str = "owned") -> str:
+        if not self._mine(request, run_id, scope):
             mine = self._runs(request)
             raise NotFound(f"unknown training run {run_id!r}; yours here: "
                            f"{mine[:20] or 'none'}" + (" ..." if len(mine) > 20 else ""))
@@ -181,7 +194,8 @@ class Rest:
     async def list_runs(self, request):
         """The caller's runs; with `project_id`, those holding a copy made into that project
         (`copy_weights`' destination_project_id: the only projects here)."""
-        runs, project = self._runs(request), request.query.get("project_id")
+        runs = self._runs(request, _scope(request))
+        project = request.query.get("project_id")
         if project is not None:
             runs = [r for r in runs if any(
                 (self.checkpoints.info(p) or {}).get("project_id") == project
@@ -192,7 +206,8 @@ class Rest:
             "offset": offset, "limit": limit, "total_count": len(runs)}})
 
     async def get_run(self, request):
-        return web.json_response(self._run(self._run_id(request, request.match_info["rid"])))
+        run_id = self._run_id(request, request.match_info["rid"], _scope(request))
+        return web.json_response(self._run(run_id))
 
     async def list_checkpoints(self, request):
         run_id = self._run_id(request, request.match_info["rid"])

@@ -184,6 +184,10 @@ def test_publish_lets_another_key_load_and_copy_shares_the_files(server, client,
     with pytest.raises(tinker.NotFoundError, match="unknown weights path"):
         bob_rest.get_weights_info_by_tinker_path(path).result()
     rest.publish_checkpoint_from_tinker_path(path).result()
+    run = bob_rest.get_training_run(trained.model_id, access_scope="accessible").result()
+    assert run.last_sampler_checkpoint.tinker_path == path
+    with pytest.raises(tinker.NotFoundError, match="unknown training run"):
+        bob_rest.get_training_run(trained.model_id).result()  # owned: Alice's
     assert rest.list_checkpoints(trained.model_id).result().checkpoints[-1].public
     info = bob_rest.get_weights_info_by_tinker_path(path).result()
     assert (info.base_model, info.is_lora, info.lora_rank) == ("tiny", True, 4)
