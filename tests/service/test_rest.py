@@ -336,3 +336,41 @@ def test_sdk_calls_this_server_refuses_say_what_is_unsupported(server, client):
             call().result()
     with pytest.raises(RuntimeError, match="whoami requires JWT auth"):
         rest.whoami().result()
+
+
+def test_topk_prompt_logprobs_are_the_models_top_k_at_each_prompt_position(server, client,
+                                                                           trained):
+    """The distillation recipes' soft targets: row t is the k most likely tokens after
+    prompt[:t], checked against the model's full distribution computed here (numpy log-softmax
+    of the snapshot's logits)."""
+    from flax import nnx
+
+    from jaxrl.models import lora
+
+    path = trained.save_weights_for_sampler("topk").result().path
+    sc = client.create_sampling_client(model_path=path).result()
+    prompt = [3, 9, 4, 12, 5, 7]
+    res = sc.sample(tinker.types.ModelInput.from_ints(prompt), 1,
+                    tinker.types.SamplingParams(max_tokens=2, seed=0),
+                    include_prompt_logprobs=True, topk_prompt_logprobs=5).result()
+    backend = server.service.backend
+    snap = backend.snapshots[path]
+    model = nnx.merge(snap.graphdef, lora.join(backend.base, snap.adapters))
+    logits = np.asarray(model.logits(model.hidden(np.asarray([prompt], np.int32))))[0]
+    logp = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1,
+                                  keepdims=True)) - logits.max(-1, keepdims=True)
+    rows = res.topk_prompt_logprobs
+    assert len(rows) == len(prompt) and rows[0] is None
+    for t in range(1, len(prompt)):
+        want = np.argsort(-logp[t - 1])[:5]
+        assert [i for i, _ in rows[t]] == want.tolist(), t
+        np.testing.assert_allclose([v for _, v in rows[t]], logp[t - 1][want], atol=2e-5)
+        assert res.prompt_logprobs[t] == pytest.approx(logp[t - 1][prompt[t]], abs=2e-5)
+    last2 = sc.sample(tinker.types.ModelInput.from_ints(prompt), 1,
+                      tinker.types.SamplingParams(max_tokens=2, seed=0),
+                      include_prompt_logprobs=True, topk_prompt_logprobs=5,
+                      prompt_logprobs_last_n=2).result().topk_prompt_logprobs
+    assert last2[:4] == [None] * 4 and last2[4:] == rows[4:]
+    with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs must be an integer"):
+        sc.sample(tinker.types.ModelInput.from_ints(prompt), 1,
+                  tinker.types.SamplingParams(max_tokens=2), topk_prompt_logprobs=10**6).result()
