@@ -102,7 +102,7 @@ def _run(cfg: RunConfig, processes: Processes, closers: contextlib.ExitStack, st
                                                    processes, closers, resume=resume)
     # 4. generator, rewards, producer, evaluator
     generator = build_generator(cfg, model_cfg, meshes.generator, trainer.state.params,
-                                seq_len=seq_len, version=start_step, eos_id=tokenizer.eos_id,
+                                seq_len=seq_len, version=start_step, eos_id=tokenizer.eos_ids,
                                 multi=processes.multi, base=trainer.frozen)
     pool, scorer = rollout.build_rewards(cfg, task, multi=processes.multi, closers=closers)
     producer = rollout.RolloutProducer(

@@ -1,7 +1,11 @@
 """Tokenizers: a built-in character tokenizer for synthetic tasks, and Hugging Face `tokenizers`.
 
-Both implement the same small interface: `encode`, `decode`, `eos_id`, `pad_id`, `vocab_size`,
-`bos_id` (None without one) and `add_bos` (and `apply_chat_template` where a template exists).
+Both implement the same small interface: `encode`, `decode`, `eos_id`, `eos_ids`, `pad_id`,
+`vocab_size`, `bos_id` (None without one) and `add_bos` (and `apply_chat_template` where a
+template exists). `eos_id` is the one id a demonstration ends with; `eos_ids` every id that ends
+generation: `eos_id` and, for a Hugging Face directory, the `eos_token_id`s its
+`generation_config.json` lists (Gemma's instruction-tuned checkpoints: `[1, 106]`, 106 =
+`<end_of_turn>`), as `transformers.generate` stops on them.
 `jaxrl.data.tasks.encode_prompt` turns a prompt (text, or chat messages) into the ids a model is
 given: BOS first exactly once when the tokenizer adds one, as `transformers` does for text.
 """
@@ -23,6 +27,7 @@ from jaxrl.config import ConfigError
 
 class Tokenizer(Protocol):
     eos_id: int
+    eos_ids: tuple[int, ...]
     pad_id: int
     vocab_size: int
 
@@ -44,6 +49,7 @@ class CharTokenizer:
 
     def __init__(self):
         self.pad_id, self.eos_id, self.bos_id = 0, 1, 2
+        self.eos_ids = (self.eos_id,)
         self._to_id = {c: i + len(self.SPECIALS) for i, c in enumerate(self.CHARS)}
         self._to_char = {i: c for c, i in self._to_id.items()}
         self.vocab_size = len(self.SPECIALS) + len(self.CHARS)
@@ -101,6 +107,8 @@ class HFTokenizer:
         self.pad_token = _token_text(self.config.get("pad_token")) or self.eos_token
         self.bos_token = _token_text(self.config.get("bos_token"))
         self.eos_id = self._id_of(self.eos_token, "eos_token")
+        self.eos_ids = (self.eos_id,) + tuple(
+            i for i in generation_eos_ids(file.parent) if i != self.eos_id)
         self.pad_id = self._id_of(self.pad_token, "pad_token")
         self.bos_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
         self.add_bos = self.bos_id is not None and self._adds_bos()
@@ -149,6 +157,20 @@ class HFTokenizer:
             bos_token=self.bos_token or "", eos_token=self.eos_token or "",
         )
         return self.encode(text) if tokenize else text
+
+
+def generation_eos_ids(directory: str | Path) -> tuple[int, ...]:
+    """The `eos_token_id`s of `directory/generation_config.json` (an int or a list; none when
+    the file or the key is absent), in its order without repeats."""
+    file = Path(directory) / "generation_config.json"
+    if not file.is_file():
+        return ()
+    value = json.loads(file.read_text()).get("eos_token_id")
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(f"{file}: eos_token_id must be a token id or a list of them, got "
+                         f"{value!r}")
+    return tuple(dict.fromkeys(ids))
 
 
 def load_tokenizer(path: str | Path | None, init: str | Path | None = None) -> Tokenizer:

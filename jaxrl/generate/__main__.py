@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                         top_k=args.top_k, top_p=args.top_p, n=args.n, seed=args.seed)
     start = time.perf_counter()
-    completions = sample(model, prompts, sp, eos_ids=[tokenizer.eos_id])
+    completions = sample(model, prompts, sp, eos_ids=tokenizer.eos_ids)
     elapsed = time.perf_counter() - start
     for c in completions:
         print(f"--- prompt {c.request_id} sample {c.sample_index} ({c.num_tokens} tokens, "

@@ -41,7 +41,8 @@ def sample(model_or_params, prompts: str | Sequence[str] | Sequence[Sequence[int
     `prompts` are token-id lists, or text (one string or a list of strings) encoded with
     `tokenizer` (`jaxrl.tokenizers`; by default the checkpoint's own when `model_or_params` is a
     path). With `chat=True` each text prompt is one user message rendered with the tokenizer's
-    chat template, then encoded. With a tokenizer and no `eos_ids`, its EOS id stops generation.
+    chat template, then encoded. With a tokenizer and no `eos_ids`, its EOS ids stop generation
+    (`eos_ids`: the tokenizer's and its generation_config.json's).
 
     Returns `len(prompts) * n` completions ordered by prompt, then sample index. The KV cache is
     sized to the longest prompt + `max_tokens` (rounded up to a power of two) unless `max_len`
@@ -53,7 +54,7 @@ def sample(model_or_params, prompts: str | Sequence[str] | Sequence[Sequence[int
         if tokenizer is None and isinstance(model_or_params, str | Path):
             tokenizer = load_tokenizer(model_or_params)
         prompts = encode_prompts(prompts, tokenizer, chat=chat)
-        eos_ids = eos_ids or (tokenizer.eos_id,)
+        eos_ids = eos_ids or tokenizer.eos_ids
     elif chat:
         raise TypeError("sample: chat=True takes text prompts (the template renders text)")
     if not all(isinstance(p, Sequence) and not isinstance(p, str) for p in prompts):

@@ -65,7 +65,7 @@ def sample_texts(model, tokenizer, prompts: Sequence[Sequence[int]], *, n: int, 
 
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, n=n, seed=seed)
     comps = sample(model, [list(p) for p in prompts], params, mesh=mesh,
-                   eos_ids=(tokenizer.eos_id,))
+                   eos_ids=tokenizer.eos_ids)
     return decode_completions(tokenizer, comps)
 
 

@@ -367,7 +367,7 @@ def build_rebalance(cfg, model_cfg, meshes, seq_len: int, tokenizer) -> LiveReba
 
     def rebuild_generator(mesh, params, base, version: int):
         return build_generator(cfg, model_cfg, mesh, params, seq_len=seq_len,
-                               version=version, eos_id=tokenizer.eos_id, multi=False,
+                               version=version, eos_id=tokenizer.eos_ids, multi=False,
                                base=base)
 
     def fits(trainer_shape, generator_shape) -> bool:

@@ -237,7 +237,8 @@ class Generator:
 
 
 def build_generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len: int,
-                    version: int, eos_id: int, multi: bool, base=None) -> Generator:
+                    version: int, eos_id: int | tuple[int, ...], multi: bool,
+                    base=None) -> Generator:
     """The generator's copy of the model on its own mesh, in `generate.dtype`, filled from the
     trainer's params by resharding. A LoRA run passes its frozen `base` (moved once) and
     adapters as `trainer_params` (moved every publish)."""
@@ -276,7 +277,8 @@ def build_generator(cfg: RunConfig, model_cfg, mesh, trainer_params, *, seq_len:
     engine = kind(nnx.merge(graphdef, gen_params),
                   num_slots=round_up(cfg.generate.num_slots, mesh.shape["dp"]),
                   max_len=cfg.generate.kv_len(seq_len),
-                  mesh=mesh, chunk_steps=cfg.generate.chunk_steps, eos_ids=(eos_id,),
+                  mesh=mesh, chunk_steps=cfg.generate.chunk_steps,
+                  eos_ids=tuple(np.atleast_1d(eos_id).tolist()),
                   version=version, kv_layout=cfg.generate.kv_layout,
                   page_size=cfg.generate.page_size,
                   debug_delay_s=cfg.generate.debug_chunk_delay_s / devices_total, **split)
