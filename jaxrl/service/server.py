@@ -43,7 +43,7 @@ from jaxrl.service.backend import Backend, NotFound, UserError, lora_config
 from jaxrl.service.checkpoints import save_options
 from jaxrl.service.limits import Limits, SampleRequest, json_object
 from jaxrl.service.logs import log_outcome, log_request
-from jaxrl.service.prompt_topk import requested_k, with_topk
+from jaxrl.service.prompt_scores import requested_k, requested_targets, with_scores
 from jaxrl.service.rest import DOWNLOADS, Rest
 from jaxrl.service.running import Running, serve  # noqa: F401 - the server's entry points
 from jaxrl.service.stability import StabilityRecords
@@ -467,8 +467,6 @@ class Service:
         for key in ("topk_sample_logprobs", "prompt_alt_tokens_k"):
             if body.get(key):
                 raise UserError(f"sample: {key} is not supported by this server")
-        if body.get("target_prompt_logprobs") is not None:
-            raise UserError("sample: target_prompt_logprobs is not supported by this server")
         # the limits first: nothing is looked up or queued for a request that cannot be served
         req = SampleRequest.parse(body, self.limits, self.backend.max_len,
                                   self.backend.cfg.vocab_size)
@@ -483,6 +481,7 @@ class Service:
         snap = None if path is None else self._snapshot(request, path)
         prompt_lp_from = _prompt_logprobs_from(body, len(req.prompt))
         topk = requested_k(body, self.backend.cfg.vocab_size)  # topk_prompt_logprobs
+        targets = requested_targets(body, len(req.prompt), self.backend.cfg.vocab_size)
 
         def run_many(items):  # queued requests of one sample_key: one decode batch, in steps
             steps = self.backend.sample_steps([(snap, prompt, params, stop)
@@ -491,16 +490,17 @@ class Service:
                 for i, d in done.items():  # record_stability_info: record before answering
                     if items[i][5] is not None and not isinstance(d, Exception):
                         items[i][5]([(c.tokens, c.logprobs) for c in d])
-                yield {i: d if isinstance(d, Exception) else with_topk(encode_sample_response(
+                yield {i: d if isinstance(d, Exception) else with_scores(encode_sample_response(
                     [(c.tokens, c.logprobs, c.finish_reason) for c in d],
                     _prompt_logprobs(self.backend, *items[i][:2], items[i][4])),
-                    self.backend, *items[i][:2], items[i][6], items[i][4])
+                    self.backend, *items[i][:2], items[i][6], items[i][4], items[i][7])
                     for i, d in done.items()}
 
         seq_ids = [f"seq-{uuid.uuid4().hex[:12]}" for _ in range(req.params.n)]
         record = (functools.partial(self.stability.record, seq_ids, self._owner(request),
                                     req.prompt) if body.get("record_stability_info") else None)
-        item = (snap, req.prompt, req.params, req.stop, prompt_lp_from, record, topk)
+        item = (snap, req.prompt, req.params, req.stop, prompt_lp_from, record, topk,
+                targets)
         # the base model or full parameters: a batch of its own
         key = self.backend.sample_key(snap) or ("sample", "alone", next(self._ids))
         return self.submit(request, run_many, item, key=key, cancellable=True,

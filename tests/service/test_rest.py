@@ -338,11 +338,12 @@ def test_sdk_calls_this_server_refuses_say_what_is_unsupported(server, client):
         rest.whoami().result()
 
 
-def test_topk_prompt_logprobs_are_the_models_top_k_at_each_prompt_position(server, client,
-                                                                           trained):
-    """The distillation recipes' soft targets: row t is the k most likely tokens after
-    prompt[:t], checked against the model's full distribution computed here (numpy log-softmax
-    of the snapshot's logits)."""
+def test_topk_and_target_prompt_logprobs_equal_the_models_distribution(server, client,
+                                                                      trained):
+    """The distillation recipes' soft targets (row t: the k most likely tokens after
+    prompt[:t]) and the decisions recipe's label scores (cell [i, j]: log p(ids[i, j] |
+    prompt[:i + 1])), checked against the model's full distribution computed here (numpy
+    log-softmax of the snapshot's logits)."""
     from flax import nnx
 
     from jaxrl.models import lora
@@ -371,6 +372,26 @@ def test_topk_prompt_logprobs_are_the_models_top_k_at_each_prompt_position(serve
                       include_prompt_logprobs=True, topk_prompt_logprobs=5,
                       prompt_logprobs_last_n=2).result().topk_prompt_logprobs
     assert last2[:4] == [None] * 4 and last2[4:] == rows[4:]
+    # target_prompt_logprobs, as the cookbook's decisions recipe sends it (sparse) and dense
+    import torch
+
+    ids = torch.full((len(prompt) - 1, 3), -1, dtype=torch.int64)
+    ids[2] = torch.tensor([7, 1, 30])
+    ids[4, 1] = 9
+    for target in (tinker.TensorData.from_torch_sparse(ids, pad_value=-1),
+                   tinker.TensorData.from_torch(ids)):
+        got = sc.sample(tinker.types.ModelInput.from_ints(prompt), 1,
+                        tinker.types.SamplingParams(max_tokens=1),
+                        target_prompt_logprobs=target).result().target_prompt_logprobs
+        assert got.shape == [len(prompt) - 1, 3]
+        dense = got.to_numpy() if got.sparse_crow_indices is None else np.asarray(
+            got.to_torch().to_dense())
+        np.testing.assert_allclose(dense[2], logp[2][[7, 1, 30]], atol=2e-5)
+        assert dense[4, 1] == pytest.approx(logp[4][9], abs=2e-5)
+        if got.sparse_crow_indices is None:  # dense: a cell that asked for nothing is NaN
+            assert np.isnan(dense[0, 0]) and np.isnan(dense[4, 0])
+        else:  # sparse: the request's cells only
+            assert got.sparse_col_indices == [0, 1, 2, 1]
     with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs must be an integer"):
         sc.sample(tinker.types.ModelInput.from_ints(prompt), 1,
                   tinker.types.SamplingParams(max_tokens=2), topk_prompt_logprobs=10**6).result()
