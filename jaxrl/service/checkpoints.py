@@ -39,6 +39,7 @@ class Checkpoints:
     def __init__(self, store: Store | None):
         self.store = store
         self.records: dict[str, dict] = {}  # path -> record; the store's are read from disk
+        self.runs: dict[str, dict] = {}  # model id -> its record, without a store
         self._lock = threading.Lock()  # the worker saves while the HTTP thread lists
 
     def record(self, path: str, ttl_seconds: int | None = None,
@@ -56,6 +57,17 @@ class Checkpoints:
                 self.store.write_info(path, info)
             else:
                 self.records[path] = info
+
+    def set_run_info(self, model_id: str, **info) -> None:
+        """A training run's record (its `user_metadata` from `create_model`)."""
+        if self.store is not None:
+            self.store.write_run(model_id, info)
+        else:
+            self.runs[model_id] = info
+
+    def run_info(self, model_id: str) -> dict:
+        return self.store.run_info(model_id) if self.store is not None else self.runs.get(
+            model_id, {})
 
     def info(self, path: str) -> dict | None:
         """The record of the checkpoint at `path`, None if there is none (or it expired: then

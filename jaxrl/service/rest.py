@@ -187,7 +187,7 @@ class Rest:
                 "lora_rank": None if lc is None else lc.rank, "corrupted": False,
                 "last_request_time": max(times) if times else _iso(time.time()),
                 "last_checkpoint": last("training"), "last_sampler_checkpoint": last("sampler"),
-                "user_metadata": None}
+                "user_metadata": self.checkpoints.run_info(run_id).get("user_metadata")}
 
     # ----------------------------------------------------------------------------- routes
 

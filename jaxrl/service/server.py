@@ -294,13 +294,17 @@ class Service:
             cfg = lora_config(lc["rank"], lc.get("train_attn", True), lc.get("train_mlp", True))
             self.limits.check_rank(cfg.rank)
             create = lambda: self.backend.create(cfg, seed=lc.get("seed"))
-        owner = self._owner(request)
+        owner, meta = self._owner(request), body.get("user_metadata")
+        if meta is not None and not isinstance(meta, dict):
+            raise UserError(f"create_model: user_metadata must be an object, got {meta!r:.80}")
 
         def run():
             model_id = create()
             self.model_owner[model_id] = owner
             if self.backend.store is not None:
                 self.backend.store.save_owner(model_id, owner)
+            if meta is not None:  # (the training run's, for the RestClient: rest.py)
+                self.backend.checkpoints.set_run_info(model_id, user_metadata=meta)
             return {"type": "create_model", "model_id": model_id}
 
         return self.submit(request, run)

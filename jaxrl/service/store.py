@@ -12,6 +12,7 @@ Layout under the server's state directory (`--state-dir`):
                                            (`jaxrl.service.checkpoints`)
     samplers/<session_id>.json             the weights path a sampling session samples from (and
                                            the owner that made it, when keys are set)
+    runs/<model_id>.json                   a training client's user_metadata (create_model)
     owners/<model_id>.json                 the owner of a training client, and so of every weights
                                            path under tinker://<model_id>/ (when keys are set)
 
@@ -240,6 +241,18 @@ class Store:
         if not file.exists():
             return None
         return {"owner": None, **json.loads(file.read_text())}
+
+    def write_run(self, model_id: str, info: dict) -> None:
+        """A training run's record (`runs/<model_id>.json`: its `user_metadata`)."""
+        atomic_write(self.root / "runs" / f"{check_model_id(model_id)}.json",
+                     json.dumps(info).encode())
+
+    def run_info(self, model_id: str) -> dict:
+        try:
+            file = self.root / "runs" / f"{check_model_id(model_id)}.json"
+        except BadPath:
+            return {}
+        return json.loads(file.read_text()) if file.exists() else {}
 
     def save_owner(self, model_id: str, owner: str | None) -> None:
         check_model_id(model_id)

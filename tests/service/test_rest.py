@@ -112,6 +112,9 @@ def test_runs_and_checkpoints_listed_got_by_path_and_deleted_freeing_disk(server
     assert run.last_checkpoint.tinker_path == state
     assert run.last_sampler_checkpoint.tinker_path == sampler
     assert rest.get_training_run(trained.model_id).result().training_run_id == trained.model_id
+    tagged = client.create_lora_training_client(base_model="tiny", rank=4,
+                                                user_metadata={"exp": "probe"}).result()
+    assert rest.get_training_run(tagged.model_id).result().user_metadata == {"exp": "probe"}
     runs = rest.list_training_runs(limit=100).result()
     assert trained.model_id in [r.training_run_id for r in runs.training_runs]
     assert runs.cursor.total_count == len(runs.training_runs)
