@@ -15,7 +15,9 @@ Shapes never depend on a request: prompts are padded to a bucket (powers of two 
 sharding without recompiling. `kv_layout="paged"` swaps the decode state's `KVCache` for a
 `jaxrl.models.paged.PagedKVCache` (page pools + page table, paged decode attention) behind the
 same interface: prefill still fills a contiguous one-row prefix, `insert` writes it into the
-slot's pages, and decode steps write and read through the page table.
+slot's pages, and decode steps write and read through the page table. In either layout a
+sliding-window layer whose window is shorter than `max_len` keeps only its window per slot (a
+ring buffer, `jaxrl.models.kv_cache`): `insert` copies the prompt's last window positions in.
 
 A mixture of experts records its routing (for routing replay, `train.routing_replay`): the
 prefix holds the experts each sparse layer chose for every prompt token, and each chunk's
@@ -244,9 +246,11 @@ class JaxEngine:
         return jax.tree_util.tree_map_with_path(shard, abstract)
 
     def _empty_cache(self) -> KVCache | PagedKVCache:
+        # sliding layers keep only their window (a ring; kv_cache.py, paged.py)
         if self.kv_layout == "paged":
-            return PagedKVCache.init(self.cfg, self.num_slots, self.max_len, self.page_size)
-        return KVCache.init(self.cfg, self.num_slots, self.max_len)
+            return PagedKVCache.init(self.cfg, self.num_slots, self.max_len, self.page_size,
+                                     ring=True)
+        return KVCache.init(self.cfg, self.num_slots, self.max_len, ring=True)
 
     def _empty_state(self) -> DecodeState:
         b = self.num_slots
@@ -482,16 +486,7 @@ class JaxEngine:
         stopped = jnp.any(token == sp.stop_ids)
         finish = jnp.where(stopped, FINISH_STOP,
                            jnp.where(sp.max_tokens <= 1, FINISH_LENGTH, FINISH_NONE))
-        if isinstance(state.cache, PagedKVCache):
-            cache = state.cache.insert(slot, prefix.cache, prefix.true_length)
-        else:
-            write = lambda c, p: jax.lax.dynamic_update_slice(c, p.astype(c.dtype),
-                                                              (slot, 0, 0, 0))
-            zip_ = lambda a, b: zip(a, b, strict=True)
-            cache = KVCache(k=[write(c, p) for c, p in zip_(state.cache.k, prefix.cache.k)],
-                            v=[write(c, p) for c, p in zip_(state.cache.v, prefix.cache.v)],
-                            lengths_B=state.cache.lengths_B.at[slot].set(prefix.true_length),
-                            heads_major=state.cache.heads_major)
+        cache = state.cache.insert(slot, prefix.cache, prefix.true_length)
         base = jax.random.key_data(jax.random.fold_in(
             jax.random.wrap_key_data(sp.key_data, impl="threefry2x32"), sp.sample_index))
         return dataclasses.replace(

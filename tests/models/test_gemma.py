@@ -144,7 +144,7 @@ def _forward(model, seq_1T):
 def test_generation_past_the_window_equals_transformers(arch, layout, saved):
     """Greedy tokens equal `transformers.generate` on ragged prompts, and sampled tokens'
     behaviour logprobs equal a teacher-forced forward, the decode running to 3x the window
-    (the whole cache kept, the window masking it; paged too)."""
+    (a sliding layer keeping its window only, a ring of 8 in 32 positions; paged too)."""
     from jaxrl.generate import JaxEngine, SamplingParams, sample
 
     hf, path = saved[arch]
@@ -166,6 +166,36 @@ def test_generation_past_the_window_equals_transformers(arch, layout, saved):
         pos = np.arange(len(prompt) - 1, len(prompt) - 1 + new)
         ref = np.asarray(logp)[pos, np.asarray(c.tokens)]
         np.testing.assert_allclose(c.logprobs, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,layout", [("gemma2", "contiguous"), ("gemma3", "paged")])
+def test_generation_to_4x_the_window_keeps_only_the_window(arch, layout, saved):
+    """The engine's decode state keeps a sliding layer's window only (a ring of 8 slots, 1 page
+    of 8, where a full layer keeps 48 positions), and greedy generation of 4x the window through
+    it equals `transformers.generate` token for token."""
+    from jaxrl.generate import JaxEngine, SamplingParams, sample
+
+    hf, path = saved[arch]
+    cfg, model = load_pretrained(path)
+    engine = JaxEngine(model, num_slots=2, max_len=48, chunk_steps=8, kv_layout=layout,
+                       page_size=8)
+    cache = engine.init_decode_state().cache
+    sliding = [i for i in range(cfg.num_layers) if cfg.layer_window(i)]
+    full = [i for i in range(cfg.num_layers) if i not in sliding]
+    if layout == "paged":  # pages in a layer's pool: slots x pages a slot
+        pages = [cache.k_pages[i].shape[0] for i in range(cfg.num_layers)]
+        assert {pages[i] for i in sliding} == {2 * 1} and {pages[i] for i in full} == {2 * 6}
+    else:  # heads-major keys [B, K, D, S]
+        lengths = [cache.k[i].shape[-1] for i in range(cfg.num_layers)]
+        assert {lengths[i] for i in sliding} == {WINDOW} and {lengths[i] for i in full} == {48}
+    prompts, new = [[5, 17, 3], list(range(1, 12))], 4 * WINDOW
+    got = sample(engine, prompts, SamplingParams(max_tokens=new, temperature=0.0))
+    for prompt, c in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)),
+                              max_new_tokens=new, do_sample=False)
+        assert c.tokens == out[0, len(prompt):].tolist(), f"prompt of length {len(prompt)}"
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3", "olmo3"])
