@@ -48,6 +48,13 @@ def main(argv: list[str]) -> int:
     if args.print_config:
         print(config_json(cfg))
         return 0
+    try:
+        from jaxrl.train.run_dir import check_writable  # no JAX
+
+        check_writable(cfg.run_dir)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

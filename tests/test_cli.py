@@ -184,3 +184,32 @@ def test_sft_launcher_help_exits_0_with_usage():
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith("usage: python launch/sft.py <config.py>")
         assert "--export-hf=DIR" in out.stdout and "launch/run.py --config" in out.stdout
+
+
+def test_a_run_dir_that_cannot_be_written_is_an_error_line_before_jax(tmp_path, monkeypatch):
+    """An unwritable --run_dir used to end in a NotADirectoryError / PermissionError traceback
+    from the run directory's mkdir, after JAX, the model and the data had started."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    probe = (f"import sys; sys.path.insert(0, {str(LAUNCH.parent)!r}); import run; "
+             f"rc = run.main(['--run_dir={afile / 'runs'}']); "
+             "print('RC', rc, [m for m in ('jax', 'jaxrl.run') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert "RC 2 []" in out.stdout, (out.stdout, out.stderr[-2000:])
+    assert "is a file, not a directory; choose another --run_dir" in out.stderr
+    assert "Traceback" not in out.stderr
+    from jaxrl.train import run_dir
+
+    monkeypatch.setattr(run_dir.os, "access", lambda path, mode: False)  # read-only (root ignores
+    with pytest.raises(ConfigError, match="cannot create run directories in .*read-only"):  # modes)
+        run_dir.check_writable(tmp_path / "runs")
+
+
+def test_the_api_gets_the_same_error_from_the_run_directory(tmp_path):
+    from jaxrl.rl.metrics import prepare_run_dir
+
+    (tmp_path / "afile").write_text("")
+    cfg = dataclasses.replace(RunConfig(), run_dir=str(tmp_path / "afile" / "runs"))
+    with pytest.raises(ConfigError, match="run_dir=.*cannot create .*choose another run_dir"):
+        prepare_run_dir(cfg, resume=False, leader=True)

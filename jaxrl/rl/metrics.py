@@ -285,7 +285,11 @@ def prepare_run_dir(cfg: RunConfig, resume: bool, *, leader: bool) -> Path:
     if resume and not has_ckpt:
         raise ConfigError(f"resume: no checkpoint under {ckpt} to continue from; start the run "
                           "without --resume (resume=False from Python)")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # jaxrl.api.train with a run_dir it cannot write (the CLI checks first)
+        raise ConfigError(f"run_dir={cfg.run_dir!r}: cannot create {run_dir}: "
+                          f"{e.strerror or e}; choose another run_dir") from None
     if not resume:
         aside = set_aside_logs(run_dir)  # an earlier attempt stopped before its first checkpoint
         if aside is not None:

@@ -5,6 +5,7 @@ is it one, its checkpoint steps, the `RunConfig` its config.json recorded (`jaxr
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from jaxrl.config import ConfigError, RunConfig
@@ -21,6 +22,21 @@ def is_run_dir(path: str | Path) -> bool:
     except ValueError:
         return False
     return isinstance(raw, dict) and {"pipeline", "train", "data", "model"} <= raw.keys()
+
+
+def check_writable(run_root: str | Path) -> None:
+    """`--run_dir` can hold run directories: the nearest part of it that exists is a directory
+    this process may create entries in; a `ConfigError` naming the problem otherwise."""
+    path = Path(run_root).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        raise ConfigError(f"run_dir={str(run_root)!r}: {path} is a file, not a directory; choose "
+                          "another --run_dir")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"run_dir={str(run_root)!r}: cannot create run directories in {path} "
+                          "(no write permission, or a read-only file system); choose another "
+                          "--run_dir")
 
 
 def checkpoint_steps(run_dir: str | Path) -> list[int]:
