@@ -137,7 +137,7 @@ class Backend:
             cfg = tiny_model_config() if ref == "tiny" else tiny_task_model_config()
             base = nnx.to_pure_dict(nnx.state(Transformer(cfg, rngs=nnx.Rngs(0))))
             tok = load_tokenizer("char")
-            return cls(cfg, base, ref, eos_ids=(tok.eos_id,), tokenizer=tok, **kw)
+            return cls(cfg, base, ref, eos_ids=tok.eos_ids, tokenizer=tok, **kw)
         path = resolve(ref, what="--base-model")
         cfg, model = load_pretrained(path)
         tok = None
@@ -146,7 +146,7 @@ class Backend:
         except Exception:  # noqa: BLE001 - no tokenizer: sample to max_tokens, stop ids only
             pass
         base = lora.split(nnx.to_pure_dict(nnx.state(model)))[0]
-        eos = () if tok is None else (tok.eos_id,)
+        eos = () if tok is None else tuple(tok.eos_ids)
         return cls(cfg, base, ref.rstrip("/"), eos_ids=eos, tokenizer=tok, **kw)
 
     # ------------------------------------------------------------------ training clients

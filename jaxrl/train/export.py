@@ -133,7 +133,8 @@ def _check_shape(want, got, run_dir, step) -> None:
 def generation_config(cfg: RunConfig, tokenizer) -> dict:
     """`generation_config.json`: the run's EOS/pad ids and its sampling settings."""
     gen = cfg.generate
-    out = {"eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id,
+    eos = list(dict.fromkeys(tokenizer.eos_ids))  # Gemma-it: <eos> and <end_of_turn>
+    out = {"eos_token_id": eos[0] if len(eos) == 1 else eos, "pad_token_id": tokenizer.pad_id,
            "max_new_tokens": cfg.data.max_new_tokens}
     bos = getattr(tokenizer, "bos_id", None)
     if bos is not None:

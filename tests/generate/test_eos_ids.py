@@ -50,3 +50,18 @@ def test_eos_ids_read_from_every_generation_config_form(tmp_path):
                                          r"got \[1, '<end_of_turn>'\]"):
         generation_eos_ids(tmp_path)
     assert CharTokenizer().eos_ids == (CharTokenizer().eos_id,)
+
+
+def test_an_export_lists_every_eos_id():
+    """The exported generation_config.json lists every id the run stopped on (one id stays an
+    int, as transformers writes it)."""
+    import types
+
+    from jaxrl.config import RunConfig
+    from jaxrl.train.export import generation_config
+
+    cfg = RunConfig()
+    gemma_it = types.SimpleNamespace(eos_id=1, eos_ids=(1, 106), pad_id=0, bos_id=2)
+    assert generation_config(cfg, gemma_it)["eos_token_id"] == [1, 106]
+    one = types.SimpleNamespace(eos_id=1, eos_ids=(1,), pad_id=0, bos_id=None)
+    assert generation_config(cfg, one)["eos_token_id"] == 1
