@@ -5,6 +5,7 @@ The hostile findings are in test_math_hostile.py; the general reward machinery i
 
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -66,13 +67,19 @@ def test_extract_answer(text, answer):
 
 def test_extraction_is_linear_in_the_completion():
     # 200k unclosed boxes: one pass over the text, not one scan per box (a scan per box is
-    # ~2e10 steps: minutes). This thread's CPU time (0.14 s here): wall time stretched to 3.7 s
-    # on a loaded machine, and the process's CPU time counts the threads earlier tests of the
-    # worker left running (2.1 s in a suite run).
+    # ~2e10 steps: minutes). This thread's CPU time with the garbage collector off (0.14 s
+    # alone): in a suite run the same pass took 2.1 s of it, the collector's passes over the
+    # heap that the xdist worker's earlier tests left (wall time: 3.7 s on a loaded machine).
     text = "\\boxed{" * 200_000 + "\\boxed{4}"
-    t0 = time.thread_time()
-    assert ml.extract_answer(text) == "4"
-    assert time.thread_time() - t0 < 2.0
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.thread_time()
+        assert ml.extract_answer(text) == "4"
+        took = time.thread_time() - t0
+    finally:
+        gc.enable()
+    assert took < 2.0
 
 
 @pytest.mark.parametrize(
