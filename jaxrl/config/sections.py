@@ -32,6 +32,7 @@ KVLayout = Literal["contiguous", "paged"]
 # the generator's copy of the weights: as synced, weight-only int8, or int8 weights and per-token
 # int8 activations (jaxrl.models.quant)
 Quantize = Literal["none", "int8", "w8a8", "fp8"]
+RopeType = Literal["llama3", "linear"]  # HF rope_scaling.rope_type
 LoraTarget = Literal["q", "k", "v", "o", "gate", "up", "down"]
 LoraGenerator = Literal["merge", "forward"]
 LORA_TARGETS: tuple[str, ...] = typing.get_args(LoraTarget)
@@ -39,12 +40,23 @@ LORA_TARGETS: tuple[str, ...] = typing.get_args(LoraTarget)
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3 style RoPE frequency scaling (`rope_type: llama3` in HF configs)."""
+    """RoPE frequency scaling of the full-attention layers (HF's `rope_scaling`). `rope_type`
+    "llama3": Llama 3.1's (long wavelengths divided by `factor`, short ones kept, the band
+    between interpolated; the other fields are its parameters); "linear": every inverse
+    frequency divided by `factor` (positions by `factor`: Gemma 3 4B+). Gemma 3 and OLMo 3
+    scale their full-attention layers only; their sliding layers keep their plain base."""
 
     factor: float = 8.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    rope_type: RopeType = "llama3"
+
+    def __post_init__(self):
+        validate_literals(self)
+        if not math.isfinite(self.factor) or self.factor <= 0:
+            raise ConfigError(f"model.rope_scaling.factor must be a finite number > 0, got "
+                              f"{self.factor}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -93,8 +93,11 @@ def config_from_hf(hf: dict, **overrides) -> ModelConfig:
             high_freq_factor=float(rope["high_freq_factor"]),
             original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
         )
+    elif rope_type == "linear":  # Gemma 3 4B+: positions divided by factor
+        scaling = RopeScaling(rope_type="linear", factor=float(rope["factor"]))
     elif rope_type not in ("default", None):
-        raise CheckpointError(f"unsupported rope_type {rope_type!r}; supported: default, llama3")
+        raise CheckpointError(f"unsupported rope_type {rope_type!r}; supported: default, "
+                              "llama3, linear")
     heads = hf["num_attention_heads"]
     if arch == "phi3":
         partial = (hf.get("rope_parameters") or {}).get(
@@ -173,8 +176,10 @@ def config_to_hf(cfg: ModelConfig, dtype: Any = "float32") -> dict:
             out["pad_token_id"] = None
     if cfg.num_experts:
         out.update(hf_moe.config_to_hf(cfg))
-    if cfg.rope_scaling is not None:
-        rs = cfg.rope_scaling
+    rs = cfg.rope_scaling
+    if rs is not None and rs.rope_type == "linear":
+        out["rope_scaling"] = {"rope_type": "linear", "factor": rs.factor}
+    elif rs is not None:
         out["rope_scaling"] = {
             "rope_type": "llama3", "factor": rs.factor, "low_freq_factor": rs.low_freq_factor,
             "high_freq_factor": rs.high_freq_factor,

@@ -1,10 +1,11 @@
 """A decoder-only transformer for the Llama / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 families and
 Qwen3-MoE, in Flax NNX.
 
-RMSNorm, rotary embeddings (theta, optional Llama-3 frequency scaling), grouped-query attention,
-SwiGLU MLP, optional QKV bias (Qwen2), optional per-head q/k RMSNorm (Qwen3), tied or untied
-embeddings; the sparse layers of a mixture of experts use `jaxrl.models.moe.MoE`. Sliding-window
-layers (`ModelConfig.layer_window`: Mistral, OLMo 3, Gemma) mask their attention to the window.
+RMSNorm, rotary embeddings (theta, optional Llama-3 or linear frequency scaling), grouped-query
+attention, SwiGLU MLP, optional QKV bias (Qwen2), optional per-head q/k RMSNorm (Qwen3), tied or
+untied embeddings; the sparse layers of a mixture of experts use `jaxrl.models.moe.MoE`.
+Sliding-window layers (`ModelConfig.layer_window`: Mistral, OLMo 3, Gemma) mask their attention
+to the window.
 Gemma 2 / 3 (`GEMMA_ARCHITECTURES`): embeddings scaled by sqrt(E), RMSNorm by (1 + w), sandwich
 norms around both sublayers, GeGLU (tanh GELU), scores scaled by `query_pre_attn_scalar**-0.5`,
 attention and final logits soft-capped (Gemma 2), a separate rope base for the sliding layers
@@ -66,15 +67,23 @@ class RMSNorm(nnx.Module):
         return (x32 * jax.lax.rsqrt(mean_sq + self.eps) * w).astype(x.dtype)
 
 
+# architectures whose sliding layers take no rope scaling (transformers' rope parameters per
+# layer type: `rope_scaling` is the full-attention layers')
+_SCALED_FULL_LAYERS_ONLY = ("gemma3", "olmo3")
+
+
 def rope_frequencies(cfg: ModelConfig, theta: float | None = None):
-    """Inverse frequencies `[D/2]` for base `theta` (default `cfg.rope_theta`), with Llama-3
-    scaling when configured (not for a separate local base)."""
+    """Inverse frequencies `[D/2]` for base `theta` (default `cfg.rope_theta`), with the
+    configured scaling (`cfg.rope_scaling`: Llama 3's or linear) when `theta` is None (not for
+    a separate local base)."""
     d = cfg.head_size
     base = cfg.rope_theta if theta is None else theta
     inv_freq = 1.0 / (base ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
     rs = cfg.rope_scaling
     if rs is None or theta is not None:
         return inv_freq
+    if rs.rope_type == "linear":  # position p rotates as p / factor (Gemma 3 4B+)
+        return inv_freq / rs.factor
     # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, the band between
     # interpolated linearly in 1/wavelength.
     low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
@@ -89,19 +98,32 @@ def rope_frequencies(cfg: ModelConfig, theta: float | None = None):
     return jnp.where(in_band, mid, scaled)
 
 
+def local_rope_theta(cfg: ModelConfig) -> float | None:
+    """The sliding layers' own rope base when their rotation differs from the full layers':
+    `cfg.rope_local_theta` (Gemma 3), or the one base unscaled when the full layers' is scaled
+    and the architecture scales those only (`_SCALED_FULL_LAYERS_ONLY`). None: one set."""
+    if cfg.rope_local_theta is not None:
+        return cfg.rope_local_theta
+    if (cfg.rope_scaling is not None and cfg.architecture in _SCALED_FULL_LAYERS_ONLY
+            and any(cfg.layer_window(i) is not None for i in range(cfg.num_layers))):
+        return cfg.rope_theta
+    return None
+
+
 def rope_tables(cfg: ModelConfig, positions_BT):
     """`(cos, sin)`, each `[B, T, 1, D/2]` f32: the rotation of every position, computed once per
-    forward and shared by every layer's q and k. With a separate base for the sliding layers
-    (`cfg.rope_local_theta`, Gemma 3): `{"full": (cos, sin), "local": (cos, sin)}`, each layer
-    taking its own (`layer_rope`)."""
+    forward and shared by every layer's q and k. When the sliding layers rotate otherwise
+    (`local_rope_theta`: their own base, Gemma 3, or no scaling): `{"full": (cos, sin),
+    "local": (cos, sin)}`, each layer taking its own (`layer_rope`)."""
     def tables(theta):
         freqs = rope_frequencies(cfg, theta)[None, None]
         angles_BTF = positions_BT[..., None].astype(jnp.float32) * freqs
         return jnp.cos(angles_BTF)[:, :, None, :], jnp.sin(angles_BTF)[:, :, None, :]
 
-    if cfg.rope_local_theta is None:
+    local = local_rope_theta(cfg)
+    if local is None:
         return tables(None)
-    return {"full": tables(None), "local": tables(cfg.rope_local_theta)}
+    return {"full": tables(None), "local": tables(local)}
 
 
 def layer_rope(rope, window: int | None):

@@ -4,6 +4,7 @@ on a padded batch, greedy generation through the engine, sampled logprobs agains
 teacher-forced forward, export, PEFT adapters both ways, the shared-prompt forward and the 8-bit
 generators."""
 
+import dataclasses
 import json
 
 import jax
@@ -372,3 +373,51 @@ def test_gemma3_through_the_pallas_flash_kernel_matches_transformers(saved):
     _, model = load_pretrained(path, attention_impl="pallas")
     batch = _padded_batch()
     _close(_ours(model, batch), _torch_logits(hf, batch), batch)
+
+
+@pytest.mark.parametrize("local_theta", [100.0, 10000.0])
+def test_gemma3_linear_rope_scaling_on_the_global_layers_matches_transformers(
+        tmp_path, monkeypatch, local_theta):
+    """Gemma 3 4B/12B/27B's `rope_scaling={"rope_type": "linear", "factor": 8.0}`: the global
+    layers' positions divided by 8, the sliding layers' rope unscaled (their own base, or the
+    same base: then still unscaled). Logits past the window against transformers; the legacy
+    config.json keys of the real checkpoints read as the nested ones; the export loads back in
+    transformers with the scaling and the same logits. Before: refused (unsupported rope_type)."""
+    from jaxrl.models import transformer
+    from jaxrl.models.safetensors_io import CheckpointError
+
+    rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": local_theta}}
+    hf = make_windowed_hf("gemma3", tmp_path / "hf", seed=3, rope_parameters=rope)
+    batch = _padded_batch()
+    ref = _torch_logits(hf, batch)
+    cfg, model = load_pretrained(tmp_path / "hf")
+    assert (cfg.rope_scaling.rope_type, cfg.rope_scaling.factor) == ("linear", 8.0)
+    _close(_ours(model, batch), ref, batch)
+
+    def off_by(other_cfg):  # the same weights under another rope reading
+        graphdef, _ = nnx.split(nnx.eval_shape(
+            lambda: transformer.Transformer(other_cfg, rngs=nnx.Rngs(0))))
+        other = nnx.merge(graphdef, nnx.state(model))
+        return np.abs(_ours(other, batch) - ref)[batch[1].astype(bool)].max()
+
+    assert off_by(dataclasses.replace(cfg, rope_scaling=None)) > 100 * TOL  # the scaling matters
+    if local_theta == 10000.0:  # one base: scaling the sliding layers too would be wrong
+        monkeypatch.setattr(transformer, "_SCALED_FULL_LAYERS_ONLY", ())
+        assert off_by(cfg) > 100 * TOL
+        monkeypatch.undo()
+    # the legacy keys of google/gemma-3-4b-it's text config give the same model config
+    legacy = json.loads((tmp_path / "hf" / "config.json").read_text())
+    legacy.pop("rope_parameters")
+    legacy.update(rope_theta=10000.0, rope_local_base_freq=local_theta,
+                  rope_scaling={"rope_type": "linear", "factor": 8.0})
+    assert config_from_hf(legacy) == cfg
+    with pytest.raises(CheckpointError, match="rope_type 'yarn'.*llama3, linear"):
+        config_from_hf({**legacy, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})
+    # export: transformers reads the scaling back and gives the same logits
+    save_pretrained(model, cfg, tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).float().eval()
+    full = back.config.rope_parameters["full_attention"]
+    assert (full["rope_type"], full["factor"]) == ("linear", 8.0)
+    assert back.config.rope_parameters["sliding_attention"]["rope_type"] == "default"
+    _close(_torch_logits(back, batch), ref, batch)
