@@ -6,6 +6,7 @@ import math
 import numbers
 
 import jax
+import jax.numpy as jnp
 
 # A large finite negative: masked logits never produce inf - inf = NaN in the online softmax.
 MASK_VALUE = -0.7 * float(jax.numpy.finfo(jax.numpy.float32).max)
@@ -49,6 +50,36 @@ def check_window(window) -> int | None:
     if not isinstance(window, bool) and isinstance(window, numbers.Integral) and window >= 1:
         return int(window)
     raise ValueError(f"window must be a positive int or None, got {window!r}")
+
+
+def check_softcap(softcap) -> float | None:
+    """A logit soft cap is a positive finite number (scores become cap * tanh(scores / cap)), or
+    None for none. Returns it as a float."""
+    if softcap is None:
+        return None
+    if (not isinstance(softcap, bool) and isinstance(softcap, numbers.Real)
+            and math.isfinite(softcap) and softcap > 0):
+        return float(softcap)
+    raise ValueError(f"softcap must be a positive finite number or None, got {softcap!r}")
+
+
+def scaled_scores(s, sm_scale: float, softcap: float | None, out_scale: float = 1.0):
+    """The kernels' logits from raw products ``s = q . k``: ``s * sm_scale``, or with a soft cap
+    (Gemma 2) ``softcap * tanh(s * sm_scale / softcap)``; times ``out_scale`` (log2 e in the
+    base-2 GPU bodies). The cap comes before any mask and before the running max. Without a cap
+    this is the one multiply the kernels had before the cap existed (the same program)."""
+    if softcap is None:
+        return s * (sm_scale * out_scale)
+    return jnp.tanh(s * (sm_scale / softcap)) * (softcap * out_scale)
+
+
+def capped_scores_and_slope(s, sm_scale: float, softcap: float | None):
+    """For the backward kernels: the logits (natural base) and ``d logit / d (s * sm_scale)``,
+    ``1 - tanh(s * sm_scale / softcap)^2`` with a cap (None without one: the slope is 1)."""
+    if softcap is None:
+        return s * sm_scale, None
+    t = jnp.tanh(s * (sm_scale / softcap))
+    return t * softcap, 1.0 - t * t
 
 
 def window_blocks(window: int, block: int) -> int:

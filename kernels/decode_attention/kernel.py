@@ -20,7 +20,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxrl_kernels._util import MASK_VALUE, out_struct, window_span
+from jaxrl_kernels._util import MASK_VALUE, out_struct, scaled_scores, window_span
 
 _NT = (((1,), (1,)), ((), ()))
 _NN = (((1,), (0,)), ((), ()))
@@ -41,11 +41,13 @@ def decode_kernel_body(
     sm_scale: float,
     blocks_per_split: int,
     window: int | None = None,
+    softcap: float | None = None,
 ):
     """q_ref [Hkv, G, D]; k_ref/v_ref [bk, Hkv, D]; o_ref [Hkv, G, D] f32; m/l [Hkv, G, 1].
 
     With a ``window`` the splits cover the blocks from the one holding position length - window
-    on (``first_block``), and positions before length - window are masked like those past it."""
+    on (``first_block``), and positions before length - window are masked like those past it.
+    ``softcap``: the scaled scores are soft-capped before the mask."""
     b, s, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bk, num_kv_heads = k_ref.shape[0], k_ref.shape[1]
     G = q_ref.shape[1]
@@ -75,7 +77,8 @@ def decode_kernel_body(
             q = q_ref[h]
             k = k_ref[:, h, :]
             v = jnp.where(row_ok, v_ref[:, h, :], 0).astype(v_ref.dtype)
-            s_ = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * sm_scale
+            s_ = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)
+            s_ = scaled_scores(s_, sm_scale, softcap)
             s_ = jnp.where(mask, s_, MASK_VALUE)
             m_prev = m_scr_ref[h]
             m_new = jnp.maximum(m_prev, jnp.max(s_, axis=1, keepdims=True))
@@ -116,7 +119,17 @@ def partial_out_specs_and_shapes(B, num_splits, Hkv, G, D, index_map, like):
 
 
 def decode_tpu(
-    q4, k_cache, v_cache, lengths, *, sm_scale, block_k, num_splits, interpret, window=None
+    q4,
+    k_cache,
+    v_cache,
+    lengths,
+    *,
+    sm_scale,
+    block_k,
+    num_splits,
+    interpret,
+    window=None,
+    softcap=None,
 ):
     """q4 [B, Hkv, G, D], caches [B, S, Hkv, D], lengths [B] -> partials (acc, m, l) per split.
 
@@ -142,7 +155,11 @@ def decode_tpu(
         B, num_splits, Hkv, G, D, lambda b, s, j, lr: (b, s, 0, 0, 0), q4
     )
     kernel = functools.partial(
-        decode_kernel_body, sm_scale=sm_scale, blocks_per_split=bps, window=window
+        decode_kernel_body,
+        sm_scale=sm_scale,
+        blocks_per_split=bps,
+        window=window,
+        softcap=softcap,
     )
     return pl.pallas_call(
         kernel,

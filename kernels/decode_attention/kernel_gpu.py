@@ -17,16 +17,18 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxrl_kernels._util import LOG2E, MASK_VALUE, out_struct, window_span
+from jaxrl_kernels._util import LOG2E, MASK_VALUE, out_struct, scaled_scores, window_span
 
 _NT = (((1,), (1,)), ((), ()))
 _NN = (((1,), (0,)), ((), ()))
 
 
-def online_softmax_block(q, k, v, valid, carry, scale2):
-    """One kv block of the base-2 online softmax. q [Gp, D]; k/v [bk, D]; valid [bk] bool."""
+def online_softmax_block(q, k, v, valid, carry, sm_scale, softcap=None):
+    """One kv block of the base-2 online softmax. q [Gp, D]; k/v [bk, D]; valid [bk] bool.
+    ``softcap``: the scaled scores soft-capped (before the mask)."""
     acc, m, l = carry
-    s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * scale2
+    s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)
+    s = scaled_scores(s, sm_scale, softcap, LOG2E)
     s = jnp.where(valid[None, :], s, MASK_VALUE)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     p = jnp.where(valid[None, :], jnp.exp2(s - m_new[:, None]), 0.0)
@@ -56,6 +58,7 @@ def _decode_kernel(
     block_k: int,
     split_len: int,
     window: int | None = None,
+    softcap: float | None = None,
 ):
     """length_ref [1]; q_ref [Gp, D]; k_ref/v_ref [Sb, D]; o_ref [Gp, D]; m_ref/l_ref [Gp].
 
@@ -82,7 +85,7 @@ def _decode_kernel(
         mask2 = jnp.broadcast_to(valid[:, None], (block_k, D))
         k = pltriton.load(k_ref.at[sl, :], mask=mask2, other=0.0)
         v = pltriton.load(v_ref.at[sl, :], mask=mask2, other=0.0)
-        return online_softmax_block(q, k, v, valid, carry, sm_scale * LOG2E)
+        return online_softmax_block(q, k, v, valid, carry, sm_scale, softcap)
 
     n = (jnp.maximum(end - start, 0) + block_k - 1) // block_k
     acc, m, l = lax.fori_loop(0, n, body, init_carry(Gp, D))
@@ -104,6 +107,7 @@ def decode_gpu(
     num_stages,
     interpret,
     window=None,
+    softcap=None,
 ):
     """q4 [B, Hkv, Gp, D] (Gp >= 16, power of 2), caches [B, S, Hkv, D] -> partials in base 2.
     With a ``window``, the splits cover only the blocks it can touch."""
@@ -114,7 +118,12 @@ def decode_gpu(
     nb = -(-S // block_k)
     split_len = -(-window_span(nb, window, block_k) // num_splits) * block_k
     kernel = functools.partial(
-        _decode_kernel, sm_scale=sm_scale, block_k=block_k, split_len=split_len, window=window
+        _decode_kernel,
+        sm_scale=sm_scale,
+        block_k=block_k,
+        split_len=split_len,
+        window=window,
+        softcap=softcap,
     )
     kv_spec = pl.BlockSpec((None, nb * block_k, None, D), lambda b, h, s: (b, 0, h, 0))
     o_spec = pl.BlockSpec((None, None, None, Gp, D), lambda b, h, s: (b, h, s, 0, 0))

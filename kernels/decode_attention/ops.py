@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from jaxrl_kernels._util import (
     cdiv,
+    check_softcap,
     check_window,
     next_pow2,
     resolve_backend,
@@ -101,7 +102,8 @@ def run_split_k(q, Hkv, sm_scale, backend, tpu_call, gpu_call):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret", "backend", "window")
+    jax.jit,
+    static_argnames=("sm_scale", "block_sizes", "interpret", "backend", "window", "softcap"),
 )
 def decode_attention(
     q,
@@ -114,6 +116,7 @@ def decode_attention(
     interpret=False,
     backend=None,
     window=None,
+    softcap=None,
 ):
     """q [B, Hq, D], k_cache/v_cache [B, S, Hkv, D], lengths int32 [B] -> [B, Hq, D] (q.dtype).
 
@@ -123,10 +126,12 @@ def decode_attention(
     at position lengths[b] - 1 and sees positions p with lengths[b] - 1 - window < p <=
     lengths[b] - 1 (transformers' ``sliding_window_overlay``: kv_idx > q_idx - window). Only the
     cache blocks that hold them are read: the cost is O(window), whatever the length. Cache slot
-    i must hold position i (a contiguous cache, not a ring buffer).
+    i must hold position i (a contiguous cache, not a ring buffer). ``softcap`` (static positive
+    float): logit soft-capping, scaled scores s -> softcap * tanh(s / softcap) (Gemma 2).
     """
     check_decode_args(q, k_cache, v_cache, lengths)
     window = check_window(window)
+    softcap = check_softcap(softcap)
     B, Hq, D = q.shape
     S, Hkv = k_cache.shape[1], k_cache.shape[2]
     backend, interpret = resolve_backend(backend, interpret)
@@ -148,6 +153,7 @@ def decode_attention(
             num_splits=bs.num_splits,
             interpret=interpret,
             window=window,
+            softcap=softcap,
         ),
         lambda q4: decode_gpu(
             q4,
@@ -161,5 +167,6 @@ def decode_attention(
             num_stages=bs.num_stages,
             interpret=interpret,
             window=window,
+            softcap=softcap,
         ),
     )

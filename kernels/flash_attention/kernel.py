@@ -20,7 +20,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxrl_kernels._util import BIG_LSE, MASK_VALUE, out_struct
+from jaxrl_kernels._util import (
+    BIG_LSE,
+    MASK_VALUE,
+    capped_scores_and_slope,
+    out_struct,
+    scaled_scores,
+)
 
 _NT = (((1,), (1,)), ((), ()))  # contract the last dims: a @ b.T
 _NN = (((1,), (0,)), ((), ()))
@@ -46,6 +52,7 @@ def _flash_fwd_kernel(
     kv_len: int | None,
     group: int,
     num_q_blocks: int,
+    softcap: float | None = None,
 ):
     b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     bq, bk = q_ref.shape[0], k_ref.shape[0]
@@ -61,7 +68,8 @@ def _flash_fwd_kernel(
 
     def step(masked: bool):
         q, k, v = q_ref[...], k_ref[...], v_ref[...]
-        s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * sm_scale
+        s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)
+        s = scaled_scores(s, sm_scale, softcap)  # soft-capped before the mask
         mask = None
         if masked:
             mask = jnp.ones((bq, bk), dtype=bool)
@@ -123,10 +131,11 @@ def flash_fwd_tpu(
     interpret,
     window=None,
     num_kv_steps=None,
+    softcap=None,
 ):
     """qf [B, Hkv, Rp, D], kf/vf [B, Hkv, Sp, D], q_seg [B, Rp, 1], kv_seg [B, 1, Sp],
     bounds [B * nq * 3]. ``num_kv_steps``: kv grid steps, at least the widest [lo, hi) (None: all
-    kv blocks; a window needs far fewer).
+    kv blocks; a window needs far fewer). ``softcap``: logits softcap * tanh(s / softcap).
 
     Returns o [B, Hkv, Rp, D] (qf.dtype) and lse [B, Hkv, Rp, 1] f32.
     """
@@ -157,6 +166,7 @@ def flash_fwd_tpu(
         kv_len=kv_len,
         group=group,
         num_q_blocks=nq,
+        softcap=softcap,
     )
     return pl.pallas_call(
         kernel,
@@ -223,6 +233,7 @@ def _flash_bwd_dkv_kernel(
     kv_len: int | None,
     group: int,
     num_kv_blocks: int,
+    softcap: float | None = None,
 ):
     """Scores are formed transposed (k q^T, [bk, bq]) so every matmul is NN or NT."""
     b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
@@ -239,7 +250,8 @@ def _flash_bwd_dkv_kernel(
     @pl.when(q_block < q_hi)
     def _step():
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        s_t = lax.dot_general(k, q, _NT, preferred_element_type=jnp.float32) * sm_scale
+        s_t = lax.dot_general(k, q, _NT, preferred_element_type=jnp.float32)
+        s_t, slope_t = capped_scores_and_slope(s_t, sm_scale, softcap)
         p_t = jnp.exp(s_t - lse_t_ref[...])
         mask = _bwd_mask_t(
             j,
@@ -260,6 +272,8 @@ def _flash_bwd_dkv_kernel(
         )
         dp_t = lax.dot_general(v, do, _NT, preferred_element_type=jnp.float32)
         ds_t = p_t * (dp_t - delta_t_ref[...]) * sm_scale
+        if slope_t is not None:  # through the cap: d/dx c tanh(x / c) = 1 - tanh(x / c)^2
+            ds_t = ds_t * slope_t
         dk_scr_ref[...] += lax.dot_general(
             ds_t.astype(q.dtype), q, _NN, preferred_element_type=jnp.float32
         )
@@ -290,6 +304,7 @@ def _flash_bwd_dq_kernel(
     kv_len: int | None,
     group: int,
     num_q_blocks: int,
+    softcap: float | None = None,
 ):
     b, i, j = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     bq, bk = q_ref.shape[0], k_ref.shape[0]
@@ -304,7 +319,8 @@ def _flash_bwd_dq_kernel(
     @pl.when(kv_block < hi)
     def _step():
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * sm_scale
+        s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)
+        s, slope = capped_scores_and_slope(s, sm_scale, softcap)
         p = jnp.exp(s - lse_ref[...])
         mask = jnp.ones((bq, bk), dtype=bool)
         cols = kv_block * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
@@ -320,6 +336,8 @@ def _flash_bwd_dq_kernel(
         p = jnp.where(mask, p, 0.0)
         dp = lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
         ds = p * (dp - delta_ref[...]) * sm_scale
+        if slope is not None:
+            ds = ds * slope
         dq_scr_ref[...] += lax.dot_general(
             ds.astype(k.dtype), k, _NN, preferred_element_type=jnp.float32
         )
@@ -351,6 +369,7 @@ def flash_bwd_tpu(
     interpret,
     window=None,
     num_steps=None,
+    softcap=None,
 ):
     """Head-major layouts as the forward's; lse / delta [B, Hkv, Rp] f32, q_seg [B, Rp],
     kv_seg [B, Sp], bounds [B * nq * 3], qbounds [B * nk * 2]. ``num_steps``: (q steps of the
@@ -367,6 +386,7 @@ def flash_bwd_tpu(
         window=window,
         kv_len=kv_len,
         group=group,
+        softcap=softcap,
     )
     sem = pltpu.CompilerParams(
         dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")

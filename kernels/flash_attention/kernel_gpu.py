@@ -26,7 +26,15 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxrl_kernels._util import BIG_LSE, LN2, LOG2E, MASK_VALUE, out_struct
+from jaxrl_kernels._util import (
+    BIG_LSE,
+    LN2,
+    LOG2E,
+    MASK_VALUE,
+    capped_scores_and_slope,
+    out_struct,
+    scaled_scores,
+)
 
 _NT = (((1,), (1,)), ((), ()))
 _NN = (((1,), (0,)), ((), ()))
@@ -50,6 +58,7 @@ def _flash_fwd_kernel(
     kv_len: int | None,
     group: int,
     block_k: int,
+    softcap: float | None = None,
 ):
     i = pl.program_id(0)
     bt, G, D = q_ref.shape
@@ -59,14 +68,14 @@ def _flash_fwd_kernel(
     q = q_ref[...].reshape(bq, D)
     q_seg = q_seg_ref[...] if use_segments else None
     rows_t = (i * bq + jnp.arange(bq, dtype=jnp.int32)) // group
-    scale2 = sm_scale * LOG2E
 
     def make_step(masked: bool):
         def step(j, carry):
             acc, m, l = carry
             kv_slice = pl.ds(pl.multiple_of(j * bk, bk), bk)
             k = k_ref[kv_slice, :]
-            s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * scale2
+            s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)
+            s = scaled_scores(s, sm_scale, softcap, LOG2E)  # base 2, soft-capped before the mask
             mask = None
             if masked:
                 cols = j * bk + jnp.arange(bk, dtype=jnp.int32)
@@ -130,6 +139,7 @@ def flash_fwd_gpu(
     num_stages,
     interpret,
     window=None,
+    softcap=None,
 ):
     """q5 [B, Tp, Hkv, G, D] (q's own layout, reshaped), k/v [B, Sp, Hkv, D] (their own layout),
     q_seg [B, Tp * G] (folded rows), kv_seg [B, Sp], bounds [B, nq, 4]. No transposes: each
@@ -152,6 +162,7 @@ def flash_fwd_gpu(
         kv_len=kv_len,
         group=group,
         block_k=block_k,
+        softcap=softcap,
     )
     q_spec = pl.BlockSpec((None, bt, None, G, D), lambda i, b, h: (b, i, h, 0, 0))
     kv_spec = pl.BlockSpec((None, Sp, None, D), lambda i, b, h: (b, 0, h, 0))
@@ -209,6 +220,7 @@ def _flash_bwd_dkv_kernel(
     window: int | None,
     kv_len: int | None,
     block_q: int,
+    softcap: float | None = None,
 ):
     j = pl.program_id(0)
     _, G, D = q_ref.shape
@@ -228,11 +240,14 @@ def _flash_bwd_dkv_kernel(
         mask = _bwd_mask(
             rows, cols, q_seg, kv_seg, causal=causal, window=window, kv_len=kv_len, group=G
         )
-        s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * sm_scale
+        s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)
+        s, slope = capped_scores_and_slope(s, sm_scale, softcap)
         p = jnp.where(mask, jnp.exp(s - lse_ref[row_slice][:, None]), 0.0)
         dv = dv + lax.dot_general(p.astype(do.dtype), do, _TN, preferred_element_type=jnp.float32)
         dp = lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
         ds = p * (dp - delta_ref[row_slice][:, None]) * sm_scale
+        if slope is not None:  # through the cap: d/dx c tanh(x / c) = 1 - tanh(x / c)^2
+            ds = ds * slope
         dk = dk + lax.dot_general(ds.astype(q.dtype), q, _TN, preferred_element_type=jnp.float32)
         return dk, dv
 
@@ -260,6 +275,7 @@ def _flash_bwd_dq_kernel(
     window: int | None,
     kv_len: int | None,
     block_k: int,
+    softcap: float | None = None,
 ):
     i = pl.program_id(0)
     bt, G, D = q_ref.shape
@@ -278,10 +294,13 @@ def _flash_bwd_dq_kernel(
         mask = _bwd_mask(
             rows, cols, q_seg, kv_seg, causal=causal, window=window, kv_len=kv_len, group=G
         )
-        s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) * sm_scale
+        s = lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)
+        s, slope = capped_scores_and_slope(s, sm_scale, softcap)
         p = jnp.where(mask, jnp.exp(s - lse[:, None]), 0.0)
         dp = lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
         ds = p * (dp - delta[:, None]) * sm_scale
+        if slope is not None:
+            ds = ds * slope
         return dq + lax.dot_general(ds.astype(k.dtype), k, _NN, preferred_element_type=jnp.float32)
 
     dq = lax.fori_loop(bounds_ref[0], bounds_ref[2], body, jnp.zeros((bq, D), jnp.float32))
@@ -310,6 +329,7 @@ def flash_bwd_gpu(
     num_stages,
     interpret,
     window=None,
+    softcap=None,
 ):
     """Backward on the GPU: a dk/dv kernel (grid over kv blocks, loop over the q blocks that see
     each) and a dq kernel (grid over q blocks, loop over their kv range). Layouts as the forward's;
@@ -328,6 +348,7 @@ def flash_bwd_gpu(
         use_segments=use_segments,
         window=window,
         kv_len=kv_len,
+        softcap=softcap,
     )
     full_q = pl.BlockSpec((None, Tp, None, G, D), lambda j, b, h: (b, 0, h, 0, 0))
     kv_blk = pl.BlockSpec((None, block_k, None, D), lambda j, b, h: (b, j, h, 0))

@@ -2,10 +2,11 @@
 
 Forward: the Pallas kernel (TPU Mosaic body in kernel.py, GPU Triton body in kernel_gpu.py); it
 returns the output and the per-row log-sum-exp. Backward (``custom_vjp``), from the saved
-log-sum-exp (dS = P * (dP - rowsum(dO * O))): two Pallas kernels per backend, dk/dv (grid over kv
-blocks, over the q blocks that see each) and dq (grid over q blocks, over the forward's kv range),
-with the forward's block skipping. ``BlockSizes(pallas_backward=False)`` falls back to an XLA
-recompute chunked over kv (memory O(T * chunk) per head).
+log-sum-exp (dS = P * (dP - rowsum(dO * O)), times 1 - tanh(s / c)^2 under a soft cap c): two
+Pallas kernels per backend, dk/dv (grid over kv blocks, over the q blocks that see each) and dq
+(grid over q blocks, over the forward's kv range), with the forward's block skipping.
+``BlockSizes(pallas_backward=False)`` falls back to an XLA recompute chunked over kv (memory
+O(T * chunk) per head).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from jax import lax
 
 from jaxrl_kernels._util import (
     BIG_LSE,
+    capped_scores_and_slope,
     cdiv,
+    check_softcap,
     check_window,
     fit_block,
     next_pow2,
@@ -67,6 +70,7 @@ class _Config:
     interpret: object
     backend: str
     window: int | None = None
+    softcap: float | None = None
 
 
 def _fold_q(q, Hkv):
@@ -196,6 +200,7 @@ def _forward(q, k, v, segment_ids, cfg: _Config):
         use_segments=segment_ids is not None,
         window=cfg.window,
         interpret=cfg.interpret,
+        softcap=cfg.softcap,
     )
     if cfg.backend == "tpu":  # head-major layout: [B, Hkv, rows, D] tiles for the TPU pipeline
         R = T * G
@@ -278,11 +283,15 @@ def _backward(q, k, v, segment_ids, o, lse, do, cfg: _Config):
         mask = mask[None]  # [1, R, C]
         if segment_ids is not None:
             mask = mask & (q_seg[:, :, None] == seg_c[:, None, :])
-        s = jnp.einsum("bhrd,bhcd->bhrc", qf, k_c) * cfg.sm_scale
+        s, slope = capped_scores_and_slope(
+            jnp.einsum("bhrd,bhcd->bhrc", qf, k_c), cfg.sm_scale, cfg.softcap
+        )
         p = jnp.where(mask[:, None], jnp.exp(s - lse[..., None]), 0.0)
         dv_c = jnp.einsum("bhrc,bhrd->bhcd", p, dof)
         dp = jnp.einsum("bhrd,bhcd->bhrc", dof, v_c)
         ds = p * (dp - delta[..., None]) * cfg.sm_scale
+        if slope is not None:  # through the cap: d/dx c tanh(x / c) = 1 - tanh(x / c)^2
+            ds = ds * slope
         dq = dq + jnp.einsum("bhrc,bhcd->bhrd", ds, k_c)
         dk_c = jnp.einsum("bhrc,bhrd->bhcd", ds, qf)
         return dq, (dk_c, dv_c)
@@ -343,6 +352,7 @@ def _backward_tpu(q, k, v, segment_ids, o, lse, do, cfg: _Config):
         block_k=bk,
         num_steps=steps,
         interpret=cfg.interpret,
+        softcap=cfg.softcap,
     )
     unfold_kv = lambda x: x[:, :, :S].transpose(0, 2, 1, 3)
     return _unfold_q(dqf[:, :, :R], T, G), unfold_kv(dkf), unfold_kv(dvf)
@@ -391,6 +401,7 @@ def _backward_gpu(q, k, v, segment_ids, o, lse, do, cfg: _Config):
         num_warps=bs.num_warps,
         num_stages=bs.num_stages,
         interpret=cfg.interpret,
+        softcap=cfg.softcap,
     )
     return dq5[:, :T, :, :G].reshape(B, T, Hq, D), dk[:, :S], dv[:, :S]
 
@@ -420,7 +431,9 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 @functools.partial(
     jax.jit,
-    static_argnames=("causal", "sm_scale", "block_sizes", "interpret", "backend", "window"),
+    static_argnames=(
+        "causal", "sm_scale", "block_sizes", "interpret", "backend", "window", "softcap"
+    ),
 )
 def flash_attention(
     q,
@@ -434,6 +447,7 @@ def flash_attention(
     interpret=False,
     backend=None,
     window=None,
+    softcap=None,
 ):
     """Flash attention. q [B, T, Hq, D], k/v [B, S, Hkv, D] -> [B, T, Hq, D] (q.dtype).
 
@@ -450,6 +464,10 @@ def flash_attention(
     ``masking_utils.sliding_window_overlay``, kv_idx > q_idx - window, on top of the causal mask);
     with segments, on top of them too. kv blocks wholly before a q block's window are skipped, so
     the cost is O(T * window). ``None`` (default): no window, the programs of no-window attention.
+    ``softcap`` (static positive float): logit soft-capping (Gemma 2's ``attn_logit_softcapping``),
+    the scaled scores s become softcap * tanh(s / softcap) before the mask and the softmax; the
+    backward carries the cap's slope 1 - tanh(s / softcap)^2. ``None`` (default): no cap, the
+    programs of uncapped attention.
     Differentiable (custom_vjp with Pallas backward kernels; see the module docstring).
     """
     B, T, Hq, D = q.shape
@@ -465,6 +483,7 @@ def flash_attention(
             f"{segment_ids.shape}, S={k.shape[1]}"
         )
     window = check_window(window)
+    softcap = check_softcap(softcap)
     if window is not None and not causal:
         raise ValueError(
             f"window={window} needs causal=True (sliding windows are causal), got causal={causal!r}"
@@ -477,5 +496,6 @@ def flash_attention(
         interpret=interpret,
         backend=backend,
         window=window,
+        softcap=softcap,
     )
     return _flash(q, k, v, segment_ids, cfg)

@@ -24,13 +24,14 @@ def attention_mask(T: int, S: int, causal: bool, segment_ids=None, window: int |
 
 
 def flash_attention_reference(
-    q, k, v, *, causal=True, segment_ids=None, sm_scale=None, window=None
+    q, k, v, *, causal=True, segment_ids=None, sm_scale=None, window=None, softcap=None
 ):
-    """softmax(q k^T * scale + mask) v in f32; rows with no visible key give 0.
+    """softmax(cap(q k^T * scale) + mask) v in f32; rows with no visible key give 0.
 
     q [B, T, Hq, D], k/v [B, S, Hkv, D], Hq a multiple of Hkv (query head n uses kv head n // G),
     segment_ids [B, T] (requires T == S). ``window``: query i sees keys i - window < j <= i (the
     sliding window of transformers' ``sliding_window_overlay``: kv_idx > q_idx - window).
+    ``softcap``: cap(s) = softcap * tanh(s / softcap) (Gemma 2), identity when None.
     """
     B, T, Hq, D = q.shape
     S, Hkv = k.shape[1], k.shape[2]
@@ -38,6 +39,8 @@ def flash_attention_reference(
     scale = D**-0.5 if sm_scale is None else sm_scale
     q5 = q.astype(jnp.float32).reshape(B, T, Hkv, G, D)
     s = jnp.einsum("bthgd,bshd->bhgts", q5, k.astype(jnp.float32)) * scale
+    if softcap is not None:
+        s = softcap * jnp.tanh(s / softcap)
     mask = attention_mask(T, S, causal, segment_ids, window)[:, None, None]
     s = jnp.where(mask, s, -jnp.inf)
     p = jax.nn.softmax(s, axis=-1)

@@ -24,15 +24,32 @@ from jaxrl_kernels.decode_attention.kernel import (
 )
 
 
-def _paged_kernel(lengths_ref, page_table_ref, *refs, sm_scale, blocks_per_split, window):
+def _paged_kernel(
+    lengths_ref, page_table_ref, *refs, sm_scale, blocks_per_split, window, softcap=None
+):
     del page_table_ref  # used by the index maps only
     decode_kernel_body(
-        lengths_ref, *refs, sm_scale=sm_scale, blocks_per_split=blocks_per_split, window=window
+        lengths_ref,
+        *refs,
+        sm_scale=sm_scale,
+        blocks_per_split=blocks_per_split,
+        window=window,
+        softcap=softcap,
     )
 
 
 def paged_decode_tpu(
-    q4, k_pages, v_pages, lengths, page_table, *, sm_scale, num_splits, interpret, window=None
+    q4,
+    k_pages,
+    v_pages,
+    lengths,
+    page_table,
+    *,
+    sm_scale,
+    num_splits,
+    interpret,
+    window=None,
+    softcap=None,
 ):
     """q4 [B, Hkv, G, D]; pages [N, page_size, Hkv, D]; page_table [B, P] -> split-K partials.
 
@@ -57,7 +74,7 @@ def paged_decode_tpu(
         B, num_splits, Hkv, G, D, lambda b, s, j, lr, pr: (b, s, 0, 0, 0), q4
     )
     kernel = functools.partial(
-        _paged_kernel, sm_scale=sm_scale, blocks_per_split=pps, window=window
+        _paged_kernel, sm_scale=sm_scale, blocks_per_split=pps, window=window, softcap=softcap
     )
     return pl.pallas_call(
         kernel,

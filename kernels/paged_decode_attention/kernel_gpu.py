@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxrl_kernels._util import LOG2E, out_struct, window_span
+from jaxrl_kernels._util import out_struct, window_span
 from jaxrl_kernels.decode_attention.kernel_gpu import init_carry, online_softmax_block
 
 
@@ -32,6 +32,7 @@ def _paged_kernel(
     sm_scale: float,
     pages_per_split: int,
     window: int | None = None,
+    softcap: float | None = None,
 ):
     """length_ref [1]; page_table_ref [P]; q_ref [Gp, D]; pages [N, ps, Hkv, D]; o_ref [Gp, D].
 
@@ -57,7 +58,7 @@ def _paged_kernel(
         mask2 = jnp.broadcast_to(valid[:, None], (ps, D))
         k = pltriton.load(k_pages_ref.at[page, :, h, :], mask=mask2, other=0.0)
         v = pltriton.load(v_pages_ref.at[page, :, h, :], mask=mask2, other=0.0)
-        return online_softmax_block(q, k, v, valid, carry, sm_scale * LOG2E)
+        return online_softmax_block(q, k, v, valid, carry, sm_scale, softcap)
 
     acc, m, l = lax.fori_loop(first, jnp.maximum(last, first), body, init_carry(Gp, D))
     o_ref[...] = acc
@@ -78,6 +79,7 @@ def paged_decode_gpu(
     num_stages,
     interpret,
     window=None,
+    softcap=None,
 ):
     """q4 [B, Hkv, Gp, D]; pages [N, page_size, Hkv, D]; page_table [B, P] -> base-2 partials.
     With a ``window``, the splits cover only the pages it can touch."""
@@ -86,7 +88,9 @@ def paged_decode_gpu(
     B, Hkv, Gp, D = q4.shape
     P = page_table.shape[1]
     pps = -(-window_span(P, window, k_pages.shape[1]) // num_splits)
-    kernel = functools.partial(_paged_kernel, sm_scale=sm_scale, pages_per_split=pps, window=window)
+    kernel = functools.partial(
+        _paged_kernel, sm_scale=sm_scale, pages_per_split=pps, window=window, softcap=softcap
+    )
     pool_spec = pl.BlockSpec(k_pages.shape, lambda b, h, s: (0, 0, 0, 0))
     o_spec = pl.BlockSpec((None, None, None, Gp, D), lambda b, h, s: (b, h, s, 0, 0))
     ml_spec = pl.BlockSpec((None, None, None, Gp), lambda b, h, s: (b, h, s, 0))

@@ -13,7 +13,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxrl_kernels._util import cdiv, check_window, resolve_backend, window_span
+from jaxrl_kernels._util import (
+    cdiv,
+    check_softcap,
+    check_window,
+    resolve_backend,
+    window_span,
+)
 from jaxrl_kernels.decode_attention.ops import run_split_k
 from jaxrl_kernels.paged_decode_attention.kernel import paged_decode_tpu
 from jaxrl_kernels.paged_decode_attention.kernel_gpu import paged_decode_gpu
@@ -39,7 +45,8 @@ class BlockSizes:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("sm_scale", "block_sizes", "interpret", "backend", "window")
+    jax.jit,
+    static_argnames=("sm_scale", "block_sizes", "interpret", "backend", "window", "softcap"),
 )
 def paged_decode_attention(
     q,
@@ -53,6 +60,7 @@ def paged_decode_attention(
     interpret=False,
     backend=None,
     window=None,
+    softcap=None,
 ):
     """q [B, Hq, D]; k_pages/v_pages [num_pages, page_size, Hkv, D]; lengths int32 [B];
     page_table int32 [B, pages_per_seq] (logical page i of row b is physical page
@@ -62,9 +70,11 @@ def paged_decode_attention(
     cdiv(lengths[b], page_size) are never read (they may hold anything). ``window`` (static int):
     a sliding window as in ``jaxrl_kernels.decode_attention`` (the query at position
     lengths[b] - 1 sees positions p > lengths[b] - 1 - window); the entries of page_table before
-    the page holding position lengths[b] - window are never read either.
+    the page holding position lengths[b] - window are never read either. ``softcap``: logit
+    soft-capping as in ``jaxrl_kernels.decode_attention``.
     """
     window = check_window(window)
+    softcap = check_softcap(softcap)
     B, P = page_table.shape
     page_size = k_pages.shape[1]
     if k_pages.ndim != 4 or k_pages.shape != v_pages.shape or k_pages.shape[3] != q.shape[2]:
@@ -106,6 +116,7 @@ def paged_decode_attention(
             num_splits=bs.num_splits,
             interpret=interpret,
             window=window,
+            softcap=softcap,
         ),
         lambda q4: paged_decode_gpu(
             q4,
@@ -119,5 +130,6 @@ def paged_decode_attention(
             num_stages=bs.num_stages,
             interpret=interpret,
             window=window,
+            softcap=softcap,
         ),
     )

@@ -13,9 +13,11 @@ def gather_pages(pages, page_table):
 
 
 def paged_decode_attention_reference(
-    q, k_pages, v_pages, lengths, page_table, *, sm_scale=None, window=None
+    q, k_pages, v_pages, lengths, page_table, *, sm_scale=None, window=None, softcap=None
 ):
-    """The contiguous reference on the gathered pages (``window`` as there)."""
+    """The contiguous reference on the gathered pages (``window``, ``softcap`` as there)."""
     k = gather_pages(k_pages, page_table)
     v = gather_pages(v_pages, page_table)
-    return decode_attention_reference(q, k, v, lengths, sm_scale=sm_scale, window=window)
+    return decode_attention_reference(
+        q, k, v, lengths, sm_scale=sm_scale, window=window, softcap=softcap
+    )

@@ -33,9 +33,24 @@ def sliding_window_visible(q_positions, k_positions, window, segment_ids=None):
     return visible
 
 
-def attention_f64(q, k, v, visible, sm_scale=None):
+def _probs_f64(q_TD, k_SD, visible_TS, scale, softcap):
+    """Softmax probabilities [T, S] and the soft cap's slope d capped / d scaled (1 without)."""
+    s = q_TD @ k_SD.T * scale
+    slope = np.ones_like(s)
+    if softcap is not None:  # Gemma 2: softcap * tanh(s / softcap), before the mask
+        t = np.tanh(s / softcap)
+        s, slope = softcap * t, 1.0 - t * t
+    s = np.where(visible_TS, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.where(visible_TS, np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
+    denom = p.sum(-1, keepdims=True)
+    return p / np.where(denom == 0, 1.0, denom), slope
+
+
+def attention_f64(q, k, v, visible, sm_scale=None, softcap=None):
     """Float64 numpy attention: q [B, T, Hq, D], k/v [B, S, Hkv, D], visible [B, T, S]; query
-    head n uses kv head n // (Hq // Hkv); rows with no visible key give 0."""
+    head n uses kv head n // (Hq // Hkv); rows with no visible key give 0. ``softcap``: scaled
+    scores s -> softcap * tanh(s / softcap) before the mask (Gemma 2)."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     B, T, Hq, D = q.shape
     G = Hq // k.shape[2]
@@ -43,13 +58,30 @@ def attention_f64(q, k, v, visible, sm_scale=None):
     out = np.zeros((B, T, Hq, D))
     for b in range(B):
         for n in range(Hq):
-            s = q[b, :, n] @ k[b, :, n // G].T * scale  # [T, S]
-            s = np.where(visible[b], s, -np.inf)
-            m = s.max(-1, keepdims=True)
-            p = np.where(visible[b], np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
-            denom = p.sum(-1, keepdims=True)
-            out[b, :, n] = (p / np.where(denom == 0, 1.0, denom)) @ v[b, :, n // G]
+            p, _ = _probs_f64(q[b, :, n], k[b, :, n // G], visible[b], scale, softcap)
+            out[b, :, n] = p @ v[b, :, n // G]
     return out
+
+
+def attention_grad_f64(q, k, v, visible, do, sm_scale=None, softcap=None):
+    """Float64 numpy dq, dk, dv of sum(do * attention_f64(q, k, v, ...)), derived by hand:
+    dv = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(dP * P)) (softmax), times the cap's slope
+    1 - tanh(s / softcap)^2, then dq = dS K * scale and dk = dS^T Q * scale (GQA heads summed)."""
+    q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
+    B, T, Hq, D = q.shape
+    G = Hq // k.shape[2]
+    scale = D**-0.5 if sm_scale is None else sm_scale
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for b in range(B):
+        for n in range(Hq):
+            kv = n // G
+            p, slope = _probs_f64(q[b, :, n], k[b, :, kv], visible[b], scale, softcap)
+            dv[b, :, kv] += p.T @ do[b, :, n]
+            dp = do[b, :, n] @ v[b, :, kv].T
+            ds = p * (dp - (dp * p).sum(-1, keepdims=True)) * slope * scale
+            dq[b, :, n] = ds @ k[b, :, kv]
+            dk[b, :, kv] += ds.T @ q[b, :, n]
+    return dq, dk, dv
 
 
 def pallas_grids(fn, *args):

@@ -30,12 +30,13 @@ def _poison_past_length(cache, lengths, window=None):
     return jnp.where(ok, cache, jnp.nan)
 
 
-def _window_f64(q, k, v, lengths, window):
-    """Float64 decode with a sliding window: the query sits at position length - 1."""
+def _window_f64(q, k, v, lengths, window, softcap=None):
+    """Float64 decode with a sliding window (and a soft cap): the query sits at position
+    length - 1."""
     visible = sliding_window_visible(
         np.asarray(lengths)[:, None] - 1, np.arange(k.shape[1]), window
     )
-    return attention_f64(q[:, None], k, v, visible)[:, 0]
+    return attention_f64(q[:, None], k, v, visible, softcap=softcap)[:, 0]
 
 
 def _qkv(B, S, Hq, Hkv, D, dtype, seed=0):
@@ -147,18 +148,21 @@ def test_zero_length_rows_give_zeros():
     assert_close(out[1], decode_attention_reference(q, k, v, lengths)[1], "float32")
 
 
-# Sliding windows. (G, Hkv, S, lengths, window, num_splits): S not a multiple of block_k = 16,
-# windows that are not multiples of it, rows shorter and longer than the window (and 1), GQA.
+# Sliding windows and soft caps. (G, Hkv, S, lengths, window, num_splits, softcap): S not a
+# multiple of block_k = 16, windows that are not multiples of it, rows shorter and longer than the
+# window (and 1), GQA; soft caps (scores -> cap * tanh(scores / cap)) with and without a window.
 # Positions a row must not see (before its window, past its length) are NaN.
 DECODE_WINDOW_CASES = [
-    (2, 2, 70, [70, 1, 9, 40], 7, 2),
-    (4, 1, 50, [50, 17, 33], 20, None),
-    (3, 2, 45, [45, 2, 30], 1, 3),  # window 1: only the token itself
+    (2, 2, 70, [70, 1, 9, 40], 7, 2, None),
+    (4, 1, 50, [50, 17, 33], 20, None, None),
+    (3, 2, 45, [45, 2, 30], 1, 3, None),  # window 1: only the token itself
+    (2, 2, 70, [70, 1, 9, 40], 7, 2, 1.5),
+    (3, 2, 45, [45, 2, 30], None, 3, 1.0),  # a cap alone, G = 3
 ]
 
 
-@pytest.mark.parametrize("G,Hkv,S,lengths,window,splits", DECODE_WINDOW_CASES)
-def test_decode_window_matches_float64(interpret, G, Hkv, S, lengths, window, splits):
+@pytest.mark.parametrize("G,Hkv,S,lengths,window,splits,softcap", DECODE_WINDOW_CASES)
+def test_decode_window_matches_float64(interpret, G, Hkv, S, lengths, window, splits, softcap):
     lengths = jnp.asarray(lengths, jnp.int32)
     q, k, v = _qkv(len(lengths), S, G * Hkv, Hkv, 32, jnp.float32, seed=11)
     out = jaxrl_kernels.decode_attention(
@@ -167,13 +171,16 @@ def test_decode_window_matches_float64(interpret, G, Hkv, S, lengths, window, sp
         _poison_past_length(v, lengths, window),
         lengths,
         window=window,
+        softcap=softcap,
         block_sizes=BlockSizes(block_k=16, num_splits=splits),
         interpret=interpret,
     )
-    want = _window_f64(q, k, v, lengths, window)
+    want = _window_f64(q, k, v, lengths, window, softcap)
     assert_close(out, want, "float32", TOLERANCES)
-    ref = decode_attention_reference(q, k, v, lengths, window=window)
+    ref = decode_attention_reference(q, k, v, lengths, window=window, softcap=softcap)
     assert_close(ref, want, "float32", TOLERANCES)
+    if softcap is not None:  # the cap matters on these inputs
+        assert np.abs(_window_f64(q, k, v, lengths, window) - want).max() > 0.05
     if window == 1:  # each row sees its last token alone: the output is that token's value
         last = v[jnp.arange(len(lengths)), lengths - 1]  # [B, Hkv, D]
         np.testing.assert_allclose(out, jnp.repeat(last, G, axis=1), atol=1e-6, rtol=0)
@@ -196,6 +203,8 @@ def test_decode_window_rejects_bad_values():
     q, k, v = _qkv(1, 16, 2, 1, 16, jnp.float32)
     with pytest.raises(ValueError, match="window must be a positive int or None, got -3"):
         jaxrl_kernels.decode_attention(q, k, v, lengths, window=-3, interpret=True)
+    with pytest.raises(ValueError, match="softcap must be a positive finite number or None"):
+        jaxrl_kernels.decode_attention(q, k, v, lengths, softcap=-1.0, interpret=True)
 
 
 def test_decode_window_tpu_grid_spans_only_the_window():
@@ -219,17 +228,21 @@ def test_decode_window_tpu_grid_spans_only_the_window():
         assert pallas_grids(run, q, pages, lengths, table) == [(2, 2, steps)]
 
 
-# (G, lengths, window, page_size, pages_per_seq, num_splits): windows not multiples of the page,
-# rows shorter and longer than the window (and 1); table entries before the window's first page
-# point out of the pool, so the TPU interpreter raises if a body reads them.
+# (G, lengths, window, page_size, pages_per_seq, num_splits, softcap): windows not multiples of
+# the page, rows shorter and longer than the window (and 1); table entries before the window's
+# first page point out of the pool, so the TPU interpreter raises if a body reads them.
 PAGED_WINDOW_CASES = [
-    (2, [80, 1, 30, 47], 21, 16, 5, 2),
-    (4, [64, 9, 33], 1, 16, 4, None),
+    (2, [80, 1, 30, 47], 21, 16, 5, 2, None),
+    (4, [64, 9, 33], 1, 16, 4, None, None),
+    (2, [80, 1, 30, 47], 21, 16, 5, 2, 1.5),
+    (3, [64, 9, 33], None, 16, 4, 3, 1.0),  # a cap alone, G = 3
 ]
 
 
-@pytest.mark.parametrize("G,lengths,window,page_size,P,splits", PAGED_WINDOW_CASES)
-def test_paged_decode_window_matches_float64(interpret, G, lengths, window, page_size, P, splits):
+@pytest.mark.parametrize("G,lengths,window,page_size,P,splits,softcap", PAGED_WINDOW_CASES)
+def test_paged_decode_window_matches_float64(
+    interpret, G, lengths, window, page_size, P, splits, softcap
+):
     Hkv = 2
     lengths = jnp.asarray(lengths, jnp.int32)
     B = len(lengths)
@@ -242,13 +255,18 @@ def test_paged_decode_window_matches_float64(interpret, G, lengths, window, page
         lengths,
         table,
         window=window,
+        softcap=softcap,
         block_sizes=PagedBlockSizes(num_splits=splits),
         interpret=interpret,
     )
-    want = _window_f64(q, k, v, lengths, window)
+    want = _window_f64(q, k, v, lengths, window, softcap)
     assert_close(out, want, "float32", TOLERANCES)
     # The reference reads every page it is given: hand it a clean pool, pages in order.
     table = jnp.arange(B * P, dtype=jnp.int32).reshape(B, P)
     pool_k, pool_v = (x.reshape(B * P, page_size, Hkv, -1) for x in (k, v))
-    ref = paged_decode_attention_reference(q, pool_k, pool_v, lengths, table, window=window)
+    ref = paged_decode_attention_reference(
+        q, pool_k, pool_v, lengths, table, window=window, softcap=softcap
+    )
     assert_close(ref, want, "float32", TOLERANCES)
+    if softcap is not None:  # the cap matters on these inputs
+        assert np.abs(_window_f64(q, k, v, lengths, window) - want).max() > 0.05

@@ -12,6 +12,7 @@ from kernel_testing import (
     TOLERANCES,
     assert_close,
     attention_f64,
+    attention_grad_f64,
     pallas_grids,
     sliding_window_visible,
 )
@@ -124,54 +125,73 @@ def test_cpu_default_interprets_the_gpu_body():
     assert_close(out, flash_attention_reference(q, k, v), "float32", TOLERANCES)
 
 
-@pytest.mark.parametrize("window", [None, 5])
-def test_xla_backward_fallback_matches_reference(window):
+@pytest.mark.parametrize("window,softcap", [(None, None), (5, None), (5, 1.5)])
+def test_xla_backward_fallback_matches_reference(window, softcap):
     """BlockSizes(pallas_backward=False): the chunked XLA backward (fallback) is exact too."""
     q, k, v = _inputs(1, 20, 20, 4, 2, 32, jnp.float32, seed=4)
     seg = _packed_segments(1, 20, seed=4)
     bs = BlockSizes(block_q=16, block_k=16, pallas_backward=False, bwd_chunk=8)
     loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v) ** 2)
     kernel = functools.partial(
-        jaxrl_kernels.flash_attention, segment_ids=seg, block_sizes=bs, window=window
+        jaxrl_kernels.flash_attention,
+        segment_ids=seg,
+        block_sizes=bs,
+        window=window,
+        softcap=softcap,
     )
     got = jax.grad(
         loss(kernel),
         argnums=(0, 1, 2),
     )(q, k, v)
-    reference = functools.partial(flash_attention_reference, segment_ids=seg, window=window)
+    reference = functools.partial(
+        flash_attention_reference, segment_ids=seg, window=window, softcap=softcap
+    )
     want = jax.grad(loss(reference), argnums=(0, 1, 2))(q, k, v)
     for g, r in zip(got, want, strict=True):
         assert_close(g, r, "float32", GRAD_TOLERANCES)
 
 
-# Sliding windows. (G, Hkv, T, window, segments): T not a multiple of the blocks (q block 32
-# folded rows, kv block 16), windows not multiples of them, GQA (G = 3 not a power of two), packed
-# segments with padding; window = 1 (each query sees only itself) has its own test.
+# Sliding windows and soft caps. (G, Hkv, T, window, segments, softcap): T not a multiple of the
+# blocks (q block 32 folded rows, kv block 16), windows not multiples of them, GQA (G = 3 not a
+# power of two), packed segments with padding; window = 1 (each query sees only itself) has its
+# own test. Soft caps (Gemma 2's scores -> cap * tanh(scores / cap)) with and without a window.
 WINDOW_CASES = [
-    (2, 2, 45, 7, True),
-    (3, 1, 37, 20, False),
-    (4, 1, 50, 17, True),
-    (1, 2, 100, 60, False),  # a q block with masked, unmasked, then masked kv blocks
+    (2, 2, 45, 7, True, None),
+    (3, 1, 37, 20, False, None),
+    (4, 1, 50, 17, True, None),
+    (1, 2, 100, 60, False, None),  # a q block with masked, unmasked, then masked kv blocks
+    (2, 2, 45, 7, True, 1.5),  # Gemma 2's sliding layers: a window and a cap
+    (3, 1, 37, None, True, 2.0),  # Gemma 2's global layers: a cap alone
+    (1, 2, 100, 60, False, 1.0),
 ]
 
 
-@pytest.mark.parametrize("G,Hkv,T,window,segments", WINDOW_CASES)
-def test_window_forward_matches_float64(interpret, G, Hkv, T, window, segments):
+@pytest.mark.parametrize("G,Hkv,T,window,segments,softcap", WINDOW_CASES)
+def test_window_forward_matches_float64(interpret, G, Hkv, T, window, segments, softcap):
     B = 2
     q, k, v = _inputs(B, T, T, G * Hkv, Hkv, 32, jnp.float32, seed=5)
     seg = _packed_segments(B, T, seed=5) if segments else None
     out = jaxrl_kernels.flash_attention(
-        q, k, v, segment_ids=seg, window=window, block_sizes=SMALL, interpret=interpret
+        q,
+        k,
+        v,
+        segment_ids=seg,
+        window=window,
+        softcap=softcap,
+        block_sizes=SMALL,
+        interpret=interpret,
     )
     pos = np.broadcast_to(np.arange(T), (B, T))
     visible = sliding_window_visible(
         pos, np.arange(T), window, None if seg is None else np.asarray(seg)
     )
-    want = attention_f64(q, k, v, visible)
+    want = attention_f64(q, k, v, visible, softcap=softcap)
     assert_close(out, want, "float32", TOLERANCES)
     # The jnp reference (what the model's tests use) agrees with the float64 one.
-    ref = flash_attention_reference(q, k, v, segment_ids=seg, window=window)
+    ref = flash_attention_reference(q, k, v, segment_ids=seg, window=window, softcap=softcap)
     assert_close(ref, want, "float32", TOLERANCES)
+    if softcap is not None:  # the cap matters on these inputs
+        assert np.abs(attention_f64(q, k, v, visible) - want).max() > 0.05
 
 
 def test_window_one_sees_only_itself(interpret):
@@ -194,8 +214,11 @@ def test_window_at_least_length_is_no_window(interpret):
         np.testing.assert_allclose(run(q, k, v, window=window), plain, atol=1e-6, rtol=0)
 
 
-def test_window_gradient_matches_reference(interpret):
-    B, T, G, Hkv, window = 2, 37, 3, 1, 9
+@pytest.mark.parametrize("window,softcap", [(9, None), (9, 1.5), (None, 1.5)])
+def test_window_gradient_matches_reference(interpret, window, softcap):
+    """dq, dk, dv of the Pallas backward (through the soft cap: its slope 1 - tanh^2) against the
+    float64 gradients derived by hand, and the jnp reference's autodiff against those."""
+    B, T, G, Hkv = 2, 37, 3, 1
     q, k, v = _inputs(B, T, T, G * Hkv, Hkv, 32, jnp.float32, seed=8)
     w = jax.random.normal(jax.random.key(9), q.shape, jnp.float32)
     seg = _packed_segments(B, T, seed=8)
@@ -204,14 +227,25 @@ def test_window_gradient_matches_reference(interpret):
         jaxrl_kernels.flash_attention,
         segment_ids=seg,
         window=window,
+        softcap=softcap,
         block_sizes=SMALL,
         interpret=interpret,
     )
-    reference = functools.partial(flash_attention_reference, segment_ids=seg, window=window)
+    reference = functools.partial(
+        flash_attention_reference, segment_ids=seg, window=window, softcap=softcap
+    )
     got = jax.grad(loss(kernel), argnums=(0, 1, 2))(q, k, v)
-    want = jax.grad(loss(reference), argnums=(0, 1, 2))(q, k, v)
-    for g, r in zip(got, want, strict=True):
-        assert_close(g, r, "float32", GRAD_TOLERANCES)
+    visible = sliding_window_visible(
+        np.broadcast_to(np.arange(T), (B, T)), np.arange(T), window, np.asarray(seg)
+    )
+    want = attention_grad_f64(q, k, v, visible, w, softcap=softcap)
+    ref = jax.grad(loss(reference), argnums=(0, 1, 2))(q, k, v)
+    for g, r, f64 in zip(got, ref, want, strict=True):
+        assert_close(g, f64, "float32", GRAD_TOLERANCES)
+        assert_close(r, f64, "float32", GRAD_TOLERANCES)
+    if softcap is not None:  # the cap's slope matters: the gradients without it differ
+        uncapped = attention_grad_f64(q, k, v, visible, w)
+        assert max(np.abs(a - b).max() for a, b in zip(uncapped, want, strict=True)) > 0.05
 
 
 def test_window_skips_blocks_before_it():
@@ -241,6 +275,9 @@ def test_window_skips_blocks_before_it():
         (dict(window=2.5), "got 2.5"),
         (dict(window=True), "got True"),
         (dict(window=4, causal=False), "window=4 needs causal=True"),
+        (dict(softcap=0.0), "softcap must be a positive finite number or None, got 0.0"),
+        (dict(softcap=float("inf")), "got inf"),
+        (dict(softcap=True), "got True"),
     ],
 )
 def test_window_rejects_bad_values(kwargs, match):
@@ -262,3 +299,35 @@ def test_window_shrinks_the_tpu_grids():
         forward, dkv, dq = pallas_grids(grad, q, k, v)
         assert forward == dq == (1, 1, 4, kv_steps)
         assert dkv == (1, 1, 8, q_steps)
+
+
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
+def test_softcap_only_when_set(backend):
+    """softcap=None traces no tanh (the uncapped programs are those from before the cap; the
+    lowered modules were compared byte for byte when it was added), and a cap reaches the forward
+    and both backward kernels (dk/dv and dq) of each body."""
+    q, k, v = _inputs(1, 40, 40, 4, 2, 32, jnp.float32)
+    interpret = pltpu.InterpretParams() if backend == "tpu" else True
+
+    def kernel_jaxprs(softcap):
+        loss = lambda q, k, v: jaxrl_kernels.flash_attention(
+            q, k, v, softcap=softcap, backend=backend, interpret=interpret
+        ).sum()
+        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr
+        bodies = []
+
+        def visit(jaxpr):
+            for eqn in jaxpr.eqns:
+                if eqn.primitive.name == "pallas_call":
+                    bodies.append(str(eqn.params["jaxpr"]))
+                for value in eqn.params.values():
+                    for sub in value if isinstance(value, (tuple, list)) else (value,):
+                        inner = getattr(sub, "jaxpr", sub)
+                        if hasattr(inner, "eqns"):
+                            visit(inner)
+
+        visit(jaxpr)
+        return bodies
+
+    assert ["tanh" in body for body in kernel_jaxprs(None)] == [False] * 3
+    assert ["tanh" in body for body in kernel_jaxprs(2.0)] == [True] * 3

@@ -21,6 +21,7 @@ from jaxrl_kernels.paged_decode_attention.kernel_gpu import paged_decode_gpu
 PLATFORMS = {"gpu": ("cuda", "__gpu$xla.gpu.triton"), "tpu": ("tpu", "tpu_custom_call")}
 B, T, HQ, HKV, D, S = 2, 1000, 32, 8, 128, 4000
 WINDOW = 300  # a sliding window that is not a multiple of any block
+SOFTCAP = 50.0  # Gemma 2's attn_logit_softcapping
 BF16 = jnp.bfloat16
 
 
@@ -35,7 +36,7 @@ def _target(backend):
         jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device))
 
 
-def _lower(backend, fn, *args):
+def _lower(backend, fn, *args, softcap=None):
     platform, target = PLATFORMS[backend]
     with _target(backend):
         exported = export.export(
@@ -43,41 +44,65 @@ def _lower(backend, fn, *args):
             platforms=[platform],
             disabled_checks=[export.DisabledSafetyCheck.custom_call(target)],
         )(*args)
-    assert target in exported.mlir_module()
+    module = exported.mlir_module()
+    assert target in module
+    if backend == "gpu":  # the Triton IR names its libdevice calls: tanh only under a soft cap
+        assert ("__nv_tanhf" in module) == (softcap is not None)
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
 @pytest.mark.parametrize(
-    "causal,segments,window",
-    [(True, False, None), (True, True, None), (False, False, None), (True, True, WINDOW)],
+    "causal,segments,window,softcap",
+    [
+        (True, False, None, None),
+        (True, True, None, None),
+        (False, False, None, None),
+        (True, True, WINDOW, None),
+        (True, True, WINDOW, SOFTCAP),
+    ],
 )
-def test_flash_attention_lowers(backend, causal, segments, window):
+def test_flash_attention_lowers(backend, causal, segments, window, softcap):
     q = jax.ShapeDtypeStruct((B, T, HQ, D), BF16)
     kv = jax.ShapeDtypeStruct((B, T, HKV, D), BF16)
     seg = jax.ShapeDtypeStruct((B, T), jnp.int32) if segments else None
-    cfg = flash_ops._Config(causal, D**-0.5, flash_ops.BlockSizes(), False, backend, window)
-    _lower(backend, lambda q, k, v, s: flash_ops._forward(q, k, v, s, cfg), q, kv, kv, seg)
+    cfg = flash_ops._Config(
+        causal, D**-0.5, flash_ops.BlockSizes(), False, backend, window, softcap
+    )
+    _lower(
+        backend,
+        lambda q, k, v, s: flash_ops._forward(q, k, v, s, cfg),
+        q,
+        kv,
+        kv,
+        seg,
+        softcap=softcap,
+    )
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
-@pytest.mark.parametrize("segments,window", [(False, None), (True, None), (True, WINDOW)])
-def test_flash_attention_backward_lowers(backend, segments, window):
+@pytest.mark.parametrize(
+    "segments,window,softcap",
+    [(False, None, None), (True, None, None), (True, WINDOW, None), (True, WINDOW, SOFTCAP)],
+)
+def test_flash_attention_backward_lowers(backend, segments, window, softcap):
     q = jax.ShapeDtypeStruct((B, T, HQ, D), BF16)
     kv = jax.ShapeDtypeStruct((B, T, HKV, D), BF16)
     seg = jax.ShapeDtypeStruct((B, T), jnp.int32) if segments else None
     lse = jax.ShapeDtypeStruct((B, HKV, T * HQ // HKV), jnp.float32)
-    cfg = flash_ops._Config(True, D**-0.5, flash_ops.BlockSizes(), False, backend, window)
+    cfg = flash_ops._Config(
+        True, D**-0.5, flash_ops.BlockSizes(), False, backend, window, softcap
+    )
     backward = flash_ops._backward_gpu if backend == "gpu" else flash_ops._backward_tpu
 
     def fn(q, k, v, s, o, lse, do):
         return backward(q, k, v, s, o, lse, do, cfg)
 
-    _lower(backend, fn, q, kv, kv, seg, q, lse, q)
+    _lower(backend, fn, q, kv, kv, seg, q, lse, q, softcap=softcap)
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
-@pytest.mark.parametrize("window", [None, WINDOW])
-def test_decode_attention_lowers(backend, window):
+@pytest.mark.parametrize("window,softcap", [(None, None), (WINDOW, None), (WINDOW, SOFTCAP)])
+def test_decode_attention_lowers(backend, window, softcap):
     q = jax.ShapeDtypeStruct((B, HQ, D), BF16)
     cache = jax.ShapeDtypeStruct((B, S, HKV, D), BF16)
     lengths = jax.ShapeDtypeStruct((B,), jnp.int32)
@@ -88,6 +113,7 @@ def test_decode_attention_lowers(backend, window):
         num_splits=bs.num_splits,
         interpret=False,
         window=window,
+        softcap=softcap,
     )
 
     def fn(q, k, v, n):
@@ -100,18 +126,20 @@ def test_decode_attention_lowers(backend, window):
             lambda q4: decode_gpu(q4, k, v, n, num_warps=4, num_stages=3, **kw),
         )
 
-    _lower(backend, fn, q, cache, cache, lengths)
+    _lower(backend, fn, q, cache, cache, lengths, softcap=softcap)
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
-@pytest.mark.parametrize("window", [None, WINDOW])
-def test_paged_decode_attention_lowers(backend, window):
+@pytest.mark.parametrize("window,softcap", [(None, None), (WINDOW, None), (WINDOW, SOFTCAP)])
+def test_paged_decode_attention_lowers(backend, window, softcap):
     q = jax.ShapeDtypeStruct((B, HQ, D), BF16)
     pages = jax.ShapeDtypeStruct((300, 64, HKV, D), BF16)
     lengths = jax.ShapeDtypeStruct((B,), jnp.int32)
     table = jax.ShapeDtypeStruct((B, 63), jnp.int32)
     bs = paged_ops.BlockSizes().resolve(backend, B, HKV, 63)
-    kw = dict(sm_scale=0.1, num_splits=bs.num_splits, interpret=False, window=window)
+    kw = dict(
+        sm_scale=0.1, num_splits=bs.num_splits, interpret=False, window=window, softcap=softcap
+    )
 
     def fn(q, k, v, n, t):
         return decode_ops.run_split_k(
@@ -123,4 +151,4 @@ def test_paged_decode_attention_lowers(backend, window):
             lambda q4: paged_decode_gpu(q4, k, v, n, t, num_warps=4, num_stages=3, **kw),
         )
 
-    _lower(backend, fn, q, pages, pages, lengths, table)
+    _lower(backend, fn, q, pages, pages, lengths, table, softcap=softcap)
