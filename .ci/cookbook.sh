@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# tinker-cookbook 0.6.1's recipes (rl_loop, math_rl) against the service:
+# tinker-cookbook 0.6.1's recipes (rl_loop, math_rl sync and async, a resume, chat_sl's rolling
+# checkpoints) against the service:
 # tests/service/test_cookbook_recipes.py with the cookbook in a virtual environment of its own.
 #
 # The cookbook pins what the server does not need and lists `tml-renderers`, which is not on
