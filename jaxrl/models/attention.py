@@ -12,9 +12,9 @@ with Hugging Face's definition (`transformers.masking_utils.sliding_window_overl
 position p sees the keys at positions k with p - window < k <= p, i.e. its own and the
 window - 1 before it (a real mask: the positions run on past the window); `softcap` -- scores
 become `softcap * tanh(scores / softcap)` before the mask (Gemma 2); `scale` -- the score scale
-(default D**-0.5; Gemma: `query_pre_attn_scalar**-0.5`). The Pallas kernels take the window
-and the scale (skipping the blocks wholly outside the window); a soft-capped call (Gemma 2)
-under `pallas` or `cudnn` runs the XLA path, as does a windowed one under `cudnn`.
+(default D**-0.5; Gemma: `query_pre_attn_scalar**-0.5`). The Pallas kernels take all three
+(skipping the blocks wholly outside the window; the flash kernel's backward carries the cap's
+slope); a soft-capped or windowed call under `cudnn` runs the XLA path.
 
 `impl` is one of `xla | pallas | cudnn | auto`. `auto` resolves to Pallas kernels on TPU/GPU and
 to the XLA reference on CPU. Shapes: q `[B, T, Hq, D]`, k/v `[B, S, Hkv, D]`, Hq % Hkv == 0; a
@@ -108,8 +108,8 @@ def attention(q_BTHD, k_BSKD, v_BSKD, *, segment_ids_BT=None, impl: str = "xla",
     index, which within a segment is position)."""
     impl = resolve_impl(impl)
     scale = q_BTHD.shape[-1] ** -0.5 if scale is None else scale
-    if impl == "pallas" and softcap is None:
-        return _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale, window)
+    if impl == "pallas":
+        return _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale, window, softcap)
     if impl == "cudnn" and segment_ids_BT is None and window is None and softcap is None:
         return jax.nn.dot_product_attention(
             q_BTHD, k_BSKD, v_BSKD, is_causal=True, scale=scale, implementation="cudnn"
@@ -139,7 +139,7 @@ def kernel_shard_axes(batch: int, num_kv_heads: int):
     return None if axes == (None, None) else (mesh, *axes)
 
 
-def _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale, window=None):
+def _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale, window=None, softcap=None):
     """`jaxrl_kernels.flash_attention` (causal), per shard when a mesh splits batch or kv heads.
 
     Query heads shard with their kv heads: with Hkv divisible by the axis, each shard's query heads
@@ -152,7 +152,7 @@ def _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale, window=None):
     bodies have no collectives for the check to guard, and without it shard_map's transpose still
     sums the cotangents of inputs replicated over an axis (a non-dividing batch or head count)."""
     flash = functools.partial(jaxrl_kernels.flash_attention, causal=True, sm_scale=scale,
-                              window=window)
+                              window=window, softcap=softcap)
     sharded = kernel_shard_axes(q_BTHD.shape[0], k_BSKD.shape[2])
     if sharded is None:
         return flash(q_BTHD, k_BSKD, v_BSKD, segment_ids=segment_ids_BT)
@@ -167,9 +167,10 @@ def _pallas_flash(q_BTHD, k_BSKD, v_BSKD, segment_ids_BT, scale, window=None):
     return fn(*args)
 
 
-def _pallas_decode(q_BHD, k_BSKD, v_BSKD, kv_lengths_B, scale=None, window=None):
+def _pallas_decode(q_BHD, k_BSKD, v_BSKD, kv_lengths_B, scale=None, window=None, softcap=None):
     """`jaxrl_kernels.decode_attention`, per shard when a mesh splits batch (slots) or kv heads."""
-    decode = functools.partial(jaxrl_kernels.decode_attention, sm_scale=scale, window=window)
+    decode = functools.partial(jaxrl_kernels.decode_attention, sm_scale=scale, window=window,
+                               softcap=softcap)
     sharded = kernel_shard_axes(q_BHD.shape[0], k_BSKD.shape[2])
     if sharded is None:
         return decode(q_BHD, k_BSKD, v_BSKD, kv_lengths_B)
@@ -233,13 +234,13 @@ def cached_attention(q_BTHD, k_cache, v_cache, q_positions_BT, kv_lengths_B, *,
     """
     impl = resolve_impl(impl)
     scale = q_BTHD.shape[-1] ** -0.5 if scale is None else scale
-    if impl == "pallas" and q_BTHD.shape[1] == 1 and softcap is None:
+    if impl == "pallas" and q_BTHD.shape[1] == 1:
         if heads_major:  # the kernel reads [B, S, K, D]; engines pick that layout for it
             k_cache, v_cache = k_cache.transpose(0, 3, 1, 2), v_cache.transpose(0, 2, 1, 3)
         # The kernel's query sits at kv_lengths - 1; it reads only the valid prefix (with a
         # window, only the blocks the window touches).
         return _pallas_decode(q_BTHD[:, 0], k_cache, v_cache, kv_lengths_B, scale,
-                              window)[:, None]
+                              window, softcap)[:, None]
     s = k_cache.shape[-1] if heads_major else k_cache.shape[1]
     kpos_S, qpos_BT1 = jnp.arange(s), q_positions_BT[:, :, None]
     mask_BTS = (kpos_S[None, None, :] <= qpos_BT1) & (

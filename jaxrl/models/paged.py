@@ -95,13 +95,12 @@ def paged_attention(q_BTHD, k_pages, v_pages, page_table_BP, q_positions_BT, kv_
     `jaxrl_kernels.paged_decode_attention`, which reads only the pages holding valid tokens (on CPU
     it runs in Pallas' interpreter, as `cached_attention`'s kernels do). Anything else (XLA / cuDNN
     settings, or T > 1 queries such as chunked prefill) gathers the pages into a contiguous view
-    and uses the XLA `cached_attention`, as does a `softcap` (`jaxrl.models.attention`), which
-    the kernel does not take; it takes the `window` (reading only the pages it touches) and the
-    `scale`.
+    and uses the XLA `cached_attention`. The kernel takes the `window` (reading only the pages it
+    touches), the `softcap` and the `scale`.
     """
-    if resolve_impl(impl) == "pallas" and q_BTHD.shape[1] == 1 and softcap is None:
+    if resolve_impl(impl) == "pallas" and q_BTHD.shape[1] == 1:
         return _pallas_paged_decode(q_BTHD[:, 0], k_pages, v_pages, kv_lengths_B,
-                                    page_table_BP, scale, window)[:, None]
+                                    page_table_BP, scale, window, softcap)[:, None]
     k_BSKD = gather_pages(k_pages, page_table_BP)
     v_BSKD = gather_pages(v_pages, page_table_BP)
     return cached_attention(q_BTHD, k_BSKD, v_BSKD, q_positions_BT, kv_lengths_B, impl="xla",
@@ -109,7 +108,7 @@ def paged_attention(q_BTHD, k_pages, v_pages, page_table_BP, q_positions_BT, kv_
 
 
 def _pallas_paged_decode(q_BHD, k_pages, v_pages, kv_lengths_B, page_table_BP, scale=None,
-                         window=None):
+                         window=None, softcap=None):
     """`jaxrl_kernels.paged_decode_attention`, per shard when the mesh in context (`jax.set_mesh`)
     splits slots or kv heads, as `jaxrl.models.attention` runs the other kernels.
 
@@ -119,7 +118,7 @@ def _pallas_paged_decode(q_BHD, k_pages, v_pages, kv_lengths_B, page_table_BP, s
     given in `attention._pallas_flash` (scalar-prefetch operands under Pallas' CPU interpreter).
     """
     paged = functools.partial(jaxrl_kernels.paged_decode_attention, sm_scale=scale,
-                              window=window)
+                              window=window, softcap=softcap)
     sharded = kernel_shard_axes(q_BHD.shape[0], k_pages.shape[2])
     if sharded is None:
         return paged(q_BHD, k_pages, v_pages, kv_lengths_B, page_table_BP)
@@ -234,8 +233,7 @@ class PagedKVCache:
             return out_BTHD, (k_pages, v_pages, k_BTKD, v_BTKD)
         k_pages = write_pages(k_pages, k_BTKD, table, positions_BT % size)
         v_pages = write_pages(v_pages, v_BTKD, table, positions_BT % size)
-        if (resolve_impl(impl) == "pallas" and options.get("softcap") is None
-                and options.get("window") == size):  # the valid slots are the window
+        if resolve_impl(impl) == "pallas" and options.get("window") == size:  # slots = window
             out_BTHD = paged_attention(q_BTHD, k_pages, v_pages, table, positions_BT,
                                        jnp.minimum(kv_lengths_B, size), impl=impl,
                                        **{**options, "window": None})

@@ -421,3 +421,50 @@ def test_gemma3_linear_rope_scaling_on_the_global_layers_matches_transformers(
     assert (full["rope_type"], full["factor"]) == ("linear", 8.0)
     assert back.config.rope_parameters["sliding_attention"]["rope_type"] == "default"
     _close(_torch_logits(back, batch), ref, batch)
+
+
+def test_gemma2_soft_cap_runs_in_the_pallas_kernels(saved, monkeypatch):
+    """Gemma 2 (attention soft-cap 5, windows, its own scale) under impl="pallas": the flash
+    prefill, the decode and the paged decode kernels are called with the cap (CPU: interpreted),
+    the logits on a padded batch equal transformers', and greedy generation past the window
+    through the kernels (contiguous and paged caches) equals `transformers.generate`, its
+    logprobs a teacher-forced forward of the XLA model."""
+    import jaxrl_kernels
+    from jaxrl.generate import JaxEngine, SamplingParams, sample
+
+    caps = {}
+
+    def spying(name, kernel):
+        def spy(*args, **kw):
+            caps.setdefault(name, set()).add(kw.get("softcap"))
+            return kernel(*args, **kw)
+        return spy
+
+    for name in ("flash_attention", "decode_attention", "paged_decode_attention"):
+        monkeypatch.setattr(jaxrl_kernels, name, spying(name, getattr(jaxrl_kernels, name)))
+    hf, path = saved["gemma2"]
+    cfg, model = load_pretrained(path, attention_impl="pallas")
+    xla = load_pretrained(path)[1]
+    assert cfg.attn_logit_softcap == 5.0
+    batch = _padded_batch()
+    _close(_ours(model, batch), _torch_logits(hf, batch), batch)
+    assert caps == {"flash_attention": {5.0}}
+    prompts, new = [[5, 17, 3], list(range(1, 12))], WINDOW + 4
+    want = []
+    for prompt in prompts:
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt)),
+                              max_new_tokens=new, do_sample=False)
+        want.append(out[0, len(prompt):].tolist())
+    for layout in ("contiguous", "paged"):
+        engine = JaxEngine(model, num_slots=2, max_len=32, chunk_steps=4, kv_layout=layout,
+                           page_size=16)  # the GPU body's smallest page
+        got = sample(engine, prompts, SamplingParams(max_tokens=new, temperature=0.0))
+        assert [c.tokens for c in got] == want, layout
+        for prompt, c in zip(prompts, got, strict=True):
+            seq = jnp.asarray([prompt + c.tokens], jnp.int32)
+            logp = np.asarray(jax.nn.log_softmax(_forward(xla, seq), axis=-1))
+            pos = np.arange(len(prompt) - 1, len(prompt) - 1 + new)
+            np.testing.assert_allclose(c.logprobs, logp[pos, c.tokens], atol=1e-4, rtol=0)
+    assert caps == {name: {5.0} for name in ("flash_attention", "decode_attention",
+                                              "paged_decode_attention")}
