@@ -78,9 +78,14 @@ def dro(logp_BT, inputs, cfg):
     `L_t = -(log pi_t A_t - beta / 2 (log pi_t - q_t)^2)` (`beta`: `loss_fn_config`). Richemond
     et al. 2024, "Offline Regularised Reinforcement Learning for Large Language Models
     Alignment" (arXiv:2405.19107); Kimi Team 2025, "Kimi k1.5" (arXiv:2501.12599); as Tinker's
-    loss page states it (the soft advantages are the client's)."""
-    penalty = 0.5 * cfg["beta"] * jnp.square(logp_BT - inputs["logprobs"])
-    return -(logp_BT * inputs["advantages"] - penalty)
+    loss page states it (the soft advantages are the client's). The penalty is on the sampled
+    tokens only: a position with `q_t = 0` and `A_t = 0` is a prompt position (what the
+    cookbook sends there, with no mask), where `(log pi_t - 0)^2` would pull the prompt's
+    log-probabilities to 0 (docs/service.md)."""
+    q, a = inputs["logprobs"], inputs["advantages"]
+    sampled = (q != 0) | (a != 0)
+    penalty = jnp.where(sampled, 0.5 * cfg["beta"] * jnp.square(logp_BT - q), 0.0)
+    return -(logp_BT * a - penalty)
 
 
 def stable_reinforce(logp_BT, inputs, cfg):

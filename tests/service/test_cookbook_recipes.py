@@ -152,7 +152,10 @@ def test_math_rl_trains_with_dro(served):
                   "loss_fn=dro")
     config = json.loads((run.out / "config.json").read_text())  # the recipe's resolved config
     assert config["loss_fn"] == "dro", config
-    assert run.trained() and run.trained()[0] > 0, run.rows
+    # trained, and not by the penalty on the prompt positions the cookbook sends with q = 0 and
+    # A = 0 (unmasked, their (log p)^2 gave a gradient norm of 1.5e5 here; the other losses
+    # 0.2-1.4)
+    assert run.trained() and 0 < run.trained()[0] < 100, run.rows
 
 
 def test_math_rl_async_one_step_off_policy_trains(served):

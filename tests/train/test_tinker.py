@@ -184,6 +184,13 @@ def test_dro_is_policy_gradient_minus_a_quadratic_log_ratio_penalty():
     np.testing.assert_allclose(dro(logp, inputs, cfg), [[2.0125, -0.5]], rtol=1e-6)
     grad = jax.grad(lambda lp: dro(lp, inputs, cfg).sum())(logp)
     np.testing.assert_allclose(grad, [[-1.95, 1.0]], rtol=1e-6)
+    # a prompt position as the cookbook sends it (q 0, A 0): no penalty, no gradient; a
+    # sampled token with A 0 keeps its penalty: logp -2, q -1 -> 0.05 * 1 = 0.05, grad 0.1 * -1
+    inputs = {"logprobs": jnp.array([[0.0, -1.0]]), "advantages": jnp.array([[0.0, 0.0]])}
+    logp = jnp.array([[-30.0, -2.0]])
+    np.testing.assert_allclose(dro(logp, inputs, cfg), [[0.0, 0.05]], rtol=1e-6)
+    grad = jax.grad(lambda lp: dro(lp, inputs, cfg).sum())(logp)
+    np.testing.assert_allclose(grad, [[0.0, -0.1]], rtol=1e-6)
 
 
 def test_stable_reinforce_weights_reinforce_by_the_recorded_ratio_and_masks_outside_the_band():
