@@ -15,7 +15,10 @@ its compile-ahead (wall time, cost to the steps beside it), its pause and uncove
 against 2 steps' time after it, and the rate and payback measured after it; the runs'
 rebalancing log lines (why a step did not move). Each run starts once the compile-ahead of the
 one before it (which may outlive it) has finished, and all share one persistent compilation
-cache, so a split compiled in an earlier run loads from it.
+cache, so a split compiled in an earlier run loads from it. The policy estimates a
+compile-ahead from the run's first step (jaxrl/rl/rebalance.py): with the cache empty a
+compilation takes many 1-2 s steps here and a 10-step run makes no move; `--prewarm` first runs
+one step at every split, so that every candidate loads (a split met before).
 """
 
 from __future__ import annotations
@@ -67,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="XLA's persistent compilation cache (default: JAX_COMPILATION_CACHE_DIR "
                         "if set, else a new one shared by this benchmark's runs: the first run "
                         "compiles, a split met in an earlier run loads its executables)")
+    p.add_argument("--prewarm", action="store_true",
+                   help="before the pairs, one step at every split T':G' of the devices (not "
+                        "timed), so the persistent cache holds them all: a split met before "
+                        "loads instead of compiling (without it the cache starts empty and a "
+                        "cold run's policy judges a move against a cold compilation)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     return p
 
@@ -113,6 +121,7 @@ def main(argv: list[str]) -> int:
         cache = args.cache_dir or jax.config.jax_compilation_cache_dir or str(Path(tmp) / "xla")
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        prewarm_s = _prewarm(args, overrides, tmp, t + g) if args.prewarm else None
         for r in range(args.repeats):
             for policy in (("fixed", "auto") if r % 2 == 0 else ("auto", "fixed")):
                 runs[policy].append(_run(args, overrides, tmp, policy, (t, g), tag=str(r)))
@@ -123,21 +132,31 @@ def main(argv: list[str]) -> int:
               "platform": devices[0].platform, "ratio_auto_vs_fixed": float(np.median(ratios)),
               "ratios": ratios, "runs": runs, "load_before": load_before,
               "load_after": os.getloadavg(), "cpus": os.cpu_count(), "cache_dir": cache,
-              "batch": runs["fixed"][0]["batch"]}
+              "batch": runs["fixed"][0]["batch"], "prewarm_s": prewarm_s}
     _print(report, Path(args.config).name)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
 
 
+def _prewarm(args, overrides: list[str], tmp: str, total: int) -> float:
+    """One untimed step at every split, so the persistent cache holds each; its seconds."""
+    t0 = time.perf_counter()
+    for trainer in range(1, total):
+        print(f"prewarm: one step at {trainer}:{total - trainer}", flush=True)
+        _run(args, overrides, tmp, "fixed", (trainer, total - trainer), tag=f"prewarm{trainer}",
+             steps=1)
+    return time.perf_counter() - t0
+
+
 def _run(args, overrides: list[str], tmp: str, policy: str, split: tuple[int, int],
-         tag: str) -> dict:
+         tag: str, steps: int | None = None) -> dict | None:
     from jaxrl.run import run
 
     cfg = load_config(args.config, [
         *overrides, f"--name=rebalance-{policy}-{tag}", f"--run_dir={tmp}",
         f"--mesh.trainer={split[0]}x1", f"--mesh.generator={split[1]}x1",
-        f"--pipeline.mode={args.mode}", f"--pipeline.steps={args.steps}",
+        f"--pipeline.mode={args.mode}", f"--pipeline.steps={steps or args.steps}",
         f"--pipeline.rebalance={'auto' if policy == 'auto' else 'off'}",
         f"--pipeline.rebalance_min_interval={args.min_interval}",
         f"--pipeline.rebalance_confirm={args.confirm}",
@@ -159,6 +178,8 @@ def _run(args, overrides: list[str], tmp: str, policy: str, split: tuple[int, in
     for thread in threading.enumerate():  # a compile-ahead the run outlived: not in the next run
         if thread.name.startswith("jaxrl-compile-ahead"):
             thread.join()
+    if steps is not None:  # a prewarm run: not timed
+        return None
     return figures(history, args.warmup, cfg.data.prompts_per_step * cfg.data.group_size,
                    wall_s=wall_s)
 
@@ -232,6 +253,9 @@ def _print(report: dict, config: str) -> None:
     print(f"load average (1, 5, 15 min) before {load(report['load_before'])}, after "
           f"{load(report['load_after'])}, on {report['cpus']} CPUs; persistent compilation "
           f"cache {report['cache_dir']}")
+    if report.get("prewarm_s") is not None:
+        print(f"prewarmed: every split run one step first ({report['prewarm_s']:.0f} s, not "
+              f"timed), so the cache holds each split's executables")
     for policy, fs in report["runs"].items():
         for i, f in enumerate(fs):
             split = ":".join(str(int(x)) for x in f["final_split"])

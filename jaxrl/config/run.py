@@ -38,6 +38,10 @@ class RunConfig:
     rewards: RewardsConfig = dataclasses.field(default_factory=RewardsConfig)
     pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
     dist: DistConfig = dataclasses.field(default_factory=DistConfig)
+    # XLA's persistent compilation cache: a run compiles what an earlier one did not (a restart,
+    #   a resume, a live move to a split met before load their executables); "" = off. The
+    #   JAX_COMPILATION_CACHE_DIR environment variable, when set, wins.
+    compile_cache: str = "~/.cache/jaxrl/xla"
     preemption_grace_s: float = 30.0  # after SIGTERM / Ctrl-C, the seconds in which the run
     #   finishes its step and checkpoints it (cloud preemption notices give ~30 s); 0 = stop at
     #   once, keeping the last periodic checkpoint (docs/survival.md)

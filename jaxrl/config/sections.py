@@ -461,6 +461,11 @@ class PipelineConfig:
     # seconds a move is assumed to cost until one is measured (pause plus recompilation); a move
     # must pay for it within 600 s or the time the run has left, whichever is shorter
     rebalance_cost_s: float = 30.0
+    # seconds compiling a split ahead is assumed to take (and to cost the steps beside it) until
+    # one is measured; None: the compile seconds of the run's own first step (its executables
+    # compiled or loaded from the persistent cache), so a run whose compilation is slow against
+    # its steps does not start one it cannot pay for
+    rebalance_compile_s: float | None = None
     # for tests: force a move every this many steps (0: never), alternating between the
     # configured split and `rebalance_to` trainer chips (0: as many) on the devices in reverse
     # order, so that every forced move moves the state to other devices
@@ -481,6 +486,9 @@ class PipelineConfig:
         if not self.rebalance_cost_s >= 0:
             raise ConfigError(f"pipeline.rebalance_cost_s: must be >= 0 seconds, got "
                               f"{self.rebalance_cost_s}")
+        if self.rebalance_compile_s is not None and not self.rebalance_compile_s >= 0:
+            raise ConfigError(f"pipeline.rebalance_compile_s: must be >= 0 seconds or None "
+                              f"(measured from the first step), got {self.rebalance_compile_s}")
         if self.max_staleness < 0 or self.max_oversample_rounds < 0:
             raise ConfigError(
                 f"pipeline: max_staleness and max_oversample_rounds must be >= 0, got "

@@ -127,6 +127,9 @@ class Rebalancer:
         cc = self.cfg.compile_cost_s
         # compile-ahead: its cost to the running steps, and its wall time (steps it delays)
         self.compile_cost_s = self.compile_wall_s = self.cfg.cost_s if cc is None else cc
+        # split -> (wall, cost) of compiling it ahead, when a run knows better per split (a
+        # split in the persistent cache loads): overrides the measured pair above
+        self.compile_estimate: Callable[[tuple[int, int]], tuple[float, float]] | None = None
         self.candidate: tuple[int, int] | None = None  # the split worth compiling, if any
         self.last_reason = ""
         self.since_move = 0
@@ -184,12 +187,15 @@ class Rebalancer:
             return self._no(f"the best split {best[0]}:{best[1]} gains {gain / current:.1%} "
                             f"(margin {self.cfg.margin:.0%})")
         compiled = ready is None or ready(best)
-        cost = self.cost_s + (0.0 if compiled else self.compile_cost_s)
+        wall_s, compile_s = ((self.compile_wall_s, self.compile_cost_s)
+                             if self.compile_estimate is None else self.compile_estimate(best))
+        cost = self.cost_s + (0.0 if compiled else compile_s)
         gain_s = self.batch / current - self.batch / predicted  # seconds saved per step
         if steps_left is not None:
-            wait = 0 if compiled else int(np.ceil(self.compile_wall_s * current / self.batch))
-            won, why = gain_s * (steps_left - wait), (
-                f"{gain_s:.3g}s/step x {steps_left - wait} steps left")
+            wait = 0 if compiled else int(np.ceil(wall_s * current / self.batch))
+            won, why = gain_s * max(steps_left - wait, 0), (
+                f"{gain_s:.3g}s/step x {steps_left - wait} steps left after compiling" if wait
+                < steps_left else f"compiling it takes ~{wait} steps, {steps_left} are left")
         else:
             horizon = self.cfg.horizon_s
             if remaining_samples is not None and predicted > 0:

@@ -25,7 +25,9 @@ log = logging.getLogger("jaxrl")
 class Processes:
     def __init__(self, cfg: RunConfig):
         from jaxrl.distributed import is_leader, maybe_initialize
+        from jaxrl.rl.compile_ahead import use_compile_cache
 
+        use_compile_cache(cfg.compile_cache)  # before anything compiles
         self.multi = maybe_initialize(cfg.dist)
         self.leader = is_leader()
         self.index, self.count = jax.process_index(), jax.process_count()

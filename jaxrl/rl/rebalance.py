@@ -10,6 +10,8 @@ where to move is jaxrl/planner/rebalance.py (the same code the simulator runs).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -19,7 +21,7 @@ import numpy as np
 
 from jaxrl.config.sections import MeshConfig, lead_for
 from jaxrl.planner.rebalance import Decision, RebalanceConfig, Rebalancer
-from jaxrl.rl.compile_ahead import Ahead
+from jaxrl.rl.compile_ahead import Ahead, CompileCounter, CompiledSplits
 from jaxrl.rl.sync import build_generator
 from jaxrl.sharding import Meshes, make_meshes
 from jaxrl.train.memory.plan import plan_memory
@@ -97,7 +99,7 @@ class LiveRebalance:
 
     def __init__(self, pipeline_cfg, devices: Sequence[jax.Device], trainer_chips: int, *,
                  trainer_tp: int, generator_tp: int, rebuild_generator=None, fits=None,
-                 batch: int = 1, agree=None):
+                 batch: int = 1, agree=None, compiled_splits: CompiledSplits | None = None):
         self.cfg, self.devices = pipeline_cfg, list(devices)
         self.tp = (trainer_tp, generator_tp)
         self.rebuild_generator = rebuild_generator
@@ -108,7 +110,8 @@ class LiveRebalance:
         self.moves = 0
         policy_cfg = RebalanceConfig(min_interval=pipeline_cfg.rebalance_min_interval,
                                      confirm=pipeline_cfg.rebalance_confirm,
-                                     cost_s=pipeline_cfg.rebalance_cost_s)
+                                     cost_s=pipeline_cfg.rebalance_cost_s,
+                                     compile_cost_s=pipeline_cfg.rebalance_compile_s)
         self.policy = Rebalancer(len(self.devices), trainer_chips, policy_cfg,
                                  mode=pipeline_cfg.mode, batch=batch,
                                  staleness=max(pipeline_cfg.max_staleness, 1),
@@ -129,6 +132,13 @@ class LiveRebalance:
         self._generators: dict = {}  # (trainer_chips, mirrored) -> built Generator
         self._failed: set[int] = set()  # trainer chips whose compile-ahead failed
         self._said = ""
+        # no assumed compile time: the first step's (until a compile-ahead is measured)
+        self._first_compile = None
+        if pipeline_cfg.rebalance_compile_s is None:
+            self._first_compile = CompileCounter().__enter__()
+        # splits the persistent cache holds: their compile-ahead is a load (`_estimate`)
+        self.compiled_splits = compiled_splits or CompiledSplits(None, "")
+        self._cold = self._warm = None  # (wall, cost) of a compile-ahead that compiles / loads
 
     def feasible(self, trainer_chips: int, generator_chips: int) -> bool:
         """The tp sizes divide both roles, the memory plan says both fit, and compiling it
@@ -151,6 +161,8 @@ class LiveRebalance:
             self._ahead_counting = not self.ahead.ready()
             if not self._ahead_counting:
                 added.update(self._compiled())
+        if self._first_compile is not None:  # the run's first step: its compilation
+            added.update(self._first_step_compiled())
         if self._settling:  # its rates are the compiler's; after a move, its time is the cost's
             self._settling -= 1
             self._settle_s.append(step_s)
@@ -238,6 +250,35 @@ class LiveRebalance:
                  len(self.devices) - key[0])
         return self.ahead
 
+    def _first_step_compiled(self) -> dict:
+        """The compile seconds of everything before the end of the run's first step (its
+        executables compiled, or loaded from the persistent cache): what compiling another
+        split ahead is assumed to take, and to cost the steps beside it, until one is
+        measured. Cold on a small host that is many steps' time, and no move pays for it in a
+        short run; with the cache warm it is the loading."""
+        counter, self._first_compile = self._first_compile, None
+        counter.__exit__(None, None, None)
+        cold = counter.seconds + counter.saved_s  # as if nothing were cached
+        self._cold = (cold, cold)
+        if counter.cache_hits:
+            self._warm = (counter.seconds, counter.seconds)
+        self.policy.compiled(cold, cold)
+        self.policy.compile_estimate = self._estimate
+        self.compiled_splits.add((self.policy.split[0], self.mirrored))
+        log.info("rebalance: the first step compiled %d executables in %.2fs (%d loaded from the "
+                 "persistent cache, sparing %.2fs): a compile-ahead is assumed to take %.2fs, "
+                 "or the load time for a split the cache holds, until one is measured",
+                 counter.count, counter.seconds, counter.cache_hits, counter.saved_s, cold)
+        return {"rebalance/first_compile_s": counter.seconds,
+                "rebalance/first_compile_saved_s": counter.saved_s}
+
+    def _estimate(self, split) -> tuple[float, float]:
+        """(wall, cost) of compiling `split` ahead: a load when the persistent cache holds it
+        and a load was measured, else a compilation."""
+        if self._warm is not None and self.compiled_splits.known((split[0], self.mirrored)):
+            return self._warm
+        return self._cold
+
     def _compiled(self) -> dict:
         """The compile-ahead finished: its measured cost goes to the policy, its generator to
         the built ones. One that failed (e.g. out of memory beside the running split) makes its
@@ -254,6 +295,10 @@ class LiveRebalance:
         if generator is not None:
             self._generators[ahead.key] = generator
         self.policy.compiled(ahead.seconds, self._ahead_cost_s)
+        if self._cold is not None:  # the next estimates: a compilation's or a load's
+            loaded = ahead.compiles and ahead.cache_hits >= ahead.compiles
+            setattr(self, "_warm" if loaded else "_cold", (ahead.seconds, self._ahead_cost_s))
+        self.compiled_splits.add(ahead.key)
         log.info("rebalance: %d:%d compiled ahead: %d executables (%d compilations, %d from "
                  "the persistent cache), %.2fs on its thread, %.2fs slower running steps beside "
                  "it", ahead.key[0], len(self.devices) - ahead.key[0], n, ahead.compiles,
@@ -378,12 +423,18 @@ def build_rebalance(cfg, model_cfg, meshes, seq_len: int, tokenizer) -> LiveReba
                            generator_mesh_shape=generator_shape, colocated=False,
                            max_seq_len=seq_len, budget_bytes=budget).fits()
 
+    devices = [*meshes.trainer.devices.flat, *meshes.generator.devices.flat]
+    programs = json.dumps([dataclasses.asdict(c) for c in (cfg.model, cfg.train, cfg.generate)] + [
+        cfg.pipeline.mode, seq_len, cfg.data.prompts_per_step, cfg.data.group_size,
+        [d.device_kind for d in devices], jax.__version__], sort_keys=True, default=str)
+    compiled_splits = CompiledSplits(jax.config.jax_compilation_cache_dir,
+                                     hashlib.sha256(programs.encode()).hexdigest()[:16])
     agree = None
     if jax.process_count() > 1:  # every process proposes; a move needs them all to agree
         from jaxrl.distributed import allgather_objects as agree
-    devices = [*meshes.trainer.devices.flat, *meshes.generator.devices.flat]
     return LiveRebalance(cfg.pipeline, devices, meshes.trainer.size,
                          trainer_tp=meshes.trainer.shape["tp"],
                          generator_tp=meshes.generator.shape["tp"],
                          rebuild_generator=rebuild_generator, fits=fits, agree=agree,
-                         batch=cfg.data.prompts_per_step * cfg.data.group_size)
+                         batch=cfg.data.prompts_per_step * cfg.data.group_size,
+                         compiled_splits=compiled_splits)

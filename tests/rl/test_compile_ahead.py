@@ -3,6 +3,7 @@ step and generator are compiled on a background thread, so the move itself compi
 and a move back to a split met before compiles nothing either (XLA's compile events counted).
 Components only: a real Trainer and a real generator, no run."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import jax
@@ -162,3 +163,65 @@ def test_the_compile_aheads_cost_is_the_slowdown_of_the_steps_beside_it():
     assert added["rebalance/compile_ahead_s"] > 0
     assert live.policy.compile_cost_s == pytest.approx(0.9)
     assert live.policy.since_move == 3  # 1 observed step + 2 beside the compile
+
+
+@pytest.mark.parametrize("compiled_s, saved_s, known, starts", [
+    (30.0, 0.0, False, False), (0.5, 0.0, False, True),  # nothing cached: compiling costs
+    (0.5, 29.5, True, True), (0.5, 29.5, False, False)])  # cached: only the splits it holds
+def test_a_compile_ahead_starts_only_when_its_estimated_time_can_pay(
+        compiled_s, saved_s, known, starts, tmp_path, caplog):
+    """No compile time assumed (`rebalance_compile_s=None`): the run's first step's compile
+    seconds (the counter's, set here) stand for a compile-ahead's, plus the compile time its
+    persistent-cache hits spared, unless the cache holds the candidate split (CompiledSplits,
+    the file beside the cache): then the first step's load time. A 10-step sync run at 6:2,
+    steps of 1.7 s (16/300 + 16/10 s), 2:6 would take 16/100 + 16/30 = 0.693 s: after the
+    first observed step (8 left) a 30 s compile would take ceil(30 / 1.7) = 18 steps, more than
+    are left, so nothing is compiled and the log says why; a 0.5 s one (1 step, 7 x 1.01 s
+    saved against 0.5 + 0.5 s) starts one."""
+    import logging
+
+    from jaxrl.rl.compile_ahead import CompiledSplits
+
+    cfg = PipelineConfig(mode="sync", steps=10, rebalance="auto", rebalance_min_interval=1,
+                         rebalance_confirm=1, rebalance_cost_s=0.5)
+    splits = CompiledSplits(str(tmp_path), "programs")
+    if known:
+        CompiledSplits(str(tmp_path), "programs").add((2, False))  # an earlier run's
+    CompiledSplits(str(tmp_path), "other programs").add((3, False))
+    live = LiveRebalance(cfg, list(range(8)), 6, trainer_tp=1, generator_tp=1, batch=16,
+                         compiled_splits=splits)
+    counter = live._first_compile  # as if the first step compiled (or loaded) this long
+    counter.seconds, counter.saved_s, counter.cache_hits = compiled_s, saved_s, int(saved_s > 0)
+    started = []
+    live._start_ahead = lambda key, parts: started.append(key)
+    rates = {"pipeline/rollouts_per_s_consumed": 300.0, "pipeline/rollouts_per_s_produced": 10.0,
+             "pipeline/step_s": 1.7}
+    with caplog.at_level(logging.INFO, logger="jaxrl"):
+        first, _ = live.plan(StepRecord(0, 1, False, dict(rates), None), parts="parts")
+        live.plan(StepRecord(1, 2, False, dict(rates), None), parts="parts")
+    assert first["rebalance/first_compile_s"] == compiled_s
+    assert first["rebalance/first_compile_saved_s"] == saved_s
+    cold = compiled_s + saved_s
+    assert live.policy.compile_estimate((2, 6)) == ((0.5, 0.5) if known else (cold, cold))
+    assert started == ([(2, False)] if starts else [])
+    if not starts:
+        assert "6:2 -> 2:6 does not pay" in caplog.text and "compile 30s" in caplog.text
+    assert splits.known((6, False)) and not splits.known((3, False))  # the first step's split
+
+
+def test_a_run_turns_on_the_persistent_cache_unless_one_is_set(tmp_path):
+    """`compile_cache`: the directory when jax has none, `~` expanded; never over one already set
+    (JAX_COMPILATION_CACHE_DIR: the test session's) and never for ""."""
+    from jaxrl.rl.compile_ahead import use_compile_cache
+
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        use_compile_cache(str(tmp_path / "other"))
+        assert jax.config.jax_compilation_cache_dir == before  # set already: kept
+        jax.config.update("jax_compilation_cache_dir", None)
+        use_compile_cache("")
+        assert jax.config.jax_compilation_cache_dir is None
+        use_compile_cache("~/jaxrl-xla")
+        assert jax.config.jax_compilation_cache_dir == str(Path.home() / "jaxrl-xla")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)

@@ -32,7 +32,8 @@ def test_auto_moves_devices_to_a_slow_generator_and_the_trainer_idles_less(tmp_p
     cfg = tiny_run_config(tmp_path, name="auto", mesh=dict(trainer=(6, 1), generator=(2, 1)),
                           generate=dict(debug_chunk_delay_s=0.8),
                           pipeline=dict(steps=6, rebalance="auto", rebalance_min_interval=2,
-                                        rebalance_confirm=1, rebalance_cost_s=0.0),
+                                        rebalance_confirm=1, rebalance_cost_s=0.0,
+                                        rebalance_compile_s=0.0),
                           train=dict(checkpoint_every=0))
     rows = read_metrics(jaxrl.run.run(cfg, progress=False, evaluate=False).run_dir)
     assert [r["step"] for r in rows] == list(range(6))
