@@ -1,6 +1,8 @@
 """Runs that stop and resume: SIGKILL (the newest checkpoint survives) and SIGTERM / SIGINT (a
 checkpoint at the last finished step within `preemption_grace_s`), then `--resume` continues
-exactly as the uninterrupted run did, in `periodic` mode (the default), full-parameter and LoRA.
+exactly as the uninterrupted run did, in `periodic` mode (the default), full-parameter and LoRA
+(the LoRA run on a tiny Gemma 3 by `--init`, past its sliding window, then exported merged and as
+a PEFT adapter).
 
 One reference run is shared by the SIGKILL and SIGTERM victims (each with its own
 checkpoint_every; the results do not depend on it). The SIGTERM test also holds what
@@ -22,8 +24,12 @@ import pytest
 from fake_loop import batch, fake_loop
 from run_helpers import has_sealed_checkpoint
 
-from jaxrl.rl.metrics import read_metrics
-from jaxrl.rl.stopping import Stopping, Terminated
+sys.path.insert(0, str(Path(__file__).parents[1] / "models"))  # the tiny windowed HF models
+from windowed_models import WINDOW, make_windowed_hf  # noqa: E402
+
+from jaxrl.rl.metrics import read_metrics  # noqa: E402
+from jaxrl.rl.stopping import Stopping, Terminated  # noqa: E402
+from jaxrl.train.run_dir import run_config as read_run_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -165,11 +171,54 @@ def test_sigterm_mid_step_checkpoints_the_last_finished_step_and_resumes_exactly
     _assert_continues_exactly(run_dir, reference / "runs" / "ref", 8)
 
 
+def _tiny_gemma3(path):
+    """A tiny random Gemma 3 saved by transformers (vocab 128 for the character tokenizer's 100,
+    one sliding layer of window 8 and one global, each with its rope base): the task's prompts
+    (~36 characters) and their completions run well past its window."""
+    return make_windowed_hf("gemma3", path, vocab_size=128, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                            layer_types=["sliding_attention", "full_attention"])
+
+
+def _check_lora_exports(run_dir, base_dir, out_dir):
+    """The LoRA run's export as one merged model loads in transformers, and as a PEFT adapter
+    loads in PEFT onto the base it started from: both give the jaxrl model's logits (f32,
+    1e-4) on a sequence 3x past the window, and the adapters moved them from the base's."""
+    import peft
+    import torch
+    import transformers
+    from flax import nnx
+
+    from jaxrl.train.export import export_run, load_run
+
+    tokens = (np.arange(3 * WINDOW)[None] * 7) % 100
+
+    def logits(m):
+        with torch.no_grad():
+            return m(input_ids=torch.tensor(tokens)).logits.numpy()
+
+    ours = np.asarray(nnx.jit(lambda model: model(tokens))(load_run(run_dir)[2]))
+    assert not export_run(run_dir, out_dir / "merged", merge=True)["adapter"]
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(out_dir / "merged"))
+    assert type(merged).__name__ == "Gemma3ForCausalLM"
+    np.testing.assert_allclose(logits(merged.float().eval()), ours, atol=1e-4, rtol=0)
+    info = export_run(run_dir, out_dir / "adapter")
+    assert info["adapter"] and "adapter_model.safetensors" in info["files"]
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(base_dir)).float().eval()
+    assert np.abs(logits(base) - ours).max() > 1e-2  # trained adapters, not the base again
+    adapted = peft.PeftModel.from_pretrained(base, str(out_dir / "adapter")).eval()
+    np.testing.assert_allclose(logits(adapted), ours, atol=1e-4, rtol=0)
+
+
 @pytest.mark.slow
 def test_lora_sigkill_then_resume_continues_exactly(tmp_path):
-    """LoRA: the checkpoint holds adapters and their optimiser state, the base is rebuilt; its
-    own reference (the module's is full-parameter)."""
-    args = ["--pipeline.steps=6", "--train.checkpoint_every=2", "--model.lora.rank=4"]
+    """LoRA on a tiny random Gemma 3 (`--init`, sliding window shorter than the prompts): the
+    checkpoint holds adapters and their optimiser state, the base is rebuilt from the init
+    directory; its own reference (the module's is full-parameter). Then the resumed run exports
+    (merged, and as a PEFT adapter) with jaxrl's logits past the window."""
+    _tiny_gemma3(tmp_path / "gemma3")
+    args = ["--pipeline.steps=6", "--train.checkpoint_every=2", "--model.lora.rank=4",
+            f"--init={tmp_path / 'gemma3'}", "--tokenizer=char"]
     ref = _launch(tmp_path, "ref", *args)
     out, _ = ref.communicate(timeout=600)
     assert ref.returncode == 0, out[-3000:]
@@ -179,6 +228,9 @@ def test_lora_sigkill_then_resume_continues_exactly(tmp_path):
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out[-3000:]
     _assert_continues_exactly(tmp_path / "runs" / "victim", tmp_path / "runs" / "ref", 6)
+    recorded = read_run_config(tmp_path / "runs" / "victim")
+    assert recorded.model.architecture == "gemma3" and recorded.model.sliding_window == WINDOW
+    _check_lora_exports(tmp_path / "runs" / "victim", tmp_path / "gemma3", tmp_path / "export")
 
 
 def _pipeline(stopping, produce_s):
