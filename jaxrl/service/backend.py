@@ -244,6 +244,12 @@ class Backend:
                 if key not in d.inputs:
                     raise UserError(f"datum {i}: loss_fn {req.loss_fn} needs loss_fn_inputs "
                                     f"{key!r}; got {sorted(d.inputs)}")
+            unread = sorted(set(d.inputs) - {"target_tokens", *required, *optional,
+                                             *tinker.SENT_NOT_READ.get(req.loss_fn, ())})
+            if unread:
+                raise UserError(f"datum {i}: loss_fn_inputs {unread} are not read by "
+                                f"{req.loss_fn}; it reads target_tokens, "
+                                f"{', '.join(sorted({*required, *optional}))}")
             for key, arr in d.inputs.items():
                 if arr.shape != (n,):
                     raise UserError(f"datum {i}: loss_fn_inputs {key!r} has shape "

@@ -126,6 +126,9 @@ LOSSES = {
                          {"clip_low_threshold": 0.5, "clip_high_threshold": 2.0}),
 }
 SERVER_INPUTS = {"stable_reinforce": ("recorded_logprobs", "sampled")}
+# inputs a loss does not read that clients send anyway (tinker-cookbook builds one datum for
+# every RL loss): accepted; any other unread input is refused, naming it
+SENT_NOT_READ = {"stable_reinforce": ("logprobs",)}
 
 # tinker.types.AdamParams' defaults (SDK 0.38): `ADAM`'s hyper-parameters, set per optim_step
 ADAM_DEFAULTS = dict(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12, weight_decay=0.0,

@@ -29,6 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,6 +184,13 @@ def test_math_rl_resumes_from_load_checkpoint_path_without_warnings(served, math
               and "create_rest_client() is deprecated" not in x]
     assert not warned, warned
     assert run.trained() and run.trained()[0] > 0, run.rows
+
+
+def test_sl_loop_trains(served):
+    run = _recipe(served, "sl_loop", "tinker_cookbook.recipes.sl_loop", "batch_size=8",
+                  "max_steps=2", "max_length=512", "save_every=0")
+    losses = [r["train_mean_nll"] for r in run.rows if "train_mean_nll" in r]
+    assert len(losses) == 2 and all(np.isfinite(losses)), run.rows
 
 
 def test_chat_sl_rolling_checkpoints_leave_the_state_dir(served):

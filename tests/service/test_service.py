@@ -128,6 +128,11 @@ def test_bad_requests_get_sdk_errors_and_the_server_keeps_serving(server, client
         tc.forward_backward([bad], "cross_entropy").result()
     with pytest.raises(tinker.BadRequestError, match="needs loss_fn_inputs 'logprobs'"):
         tc.forward_backward(DATA_A, "importance_sampling").result()
+    masked = datum([3, 4, 5, 6])  # an input no loss reads (a per-datum clip threshold too)
+    masked.loss_fn_inputs["mask"] = types.TensorData.from_numpy(np.ones(3, np.float32))
+    with pytest.raises(tinker.BadRequestError, match=r"loss_fn_inputs \['mask'\] are not read "
+                       "by cross_entropy; it reads target_tokens, weights"):
+        tc.forward_backward([masked], "cross_entropy").result()
     huge = datum(list(range(3, 3 + 80)))
     with pytest.raises(tinker.BadRequestError, match="tokens; need 1..64"):
         tc.forward_backward([huge], "cross_entropy").result()
