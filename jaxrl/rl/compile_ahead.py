@@ -6,8 +6,7 @@ mesh (`jaxrl.train.trainer.precompile_step`) and the generator built on the new 
 with its engine's executables compiled (`JaxEngine.precompile`), its weights then released until
 the move publishes the current ones. The move waits for nothing: it is made only once `ready()`.
 
-The thread runs at a lower CPU priority (`NICE`): on a host whose cores the running steps
-also use, they go first. `CompileCounter` counts XLA compilations (jax's monitoring events), so
+`CompileCounter` counts XLA compilations (jax's monitoring events), so
 a test or a log line can say that a move to a split compiled before compiled nothing.
 `use_compile_cache` turns on XLA's persistent compilation cache for a run (`compile_cache`), so
 a split met in an earlier run, or a restart, loads its executables.
@@ -64,20 +63,6 @@ class CompileCounter:
         jax.monitoring.unregister_event_listener(self._event)
 
 
-# the compile-ahead thread's nice value (Linux: per thread; the compiler's helper threads it
-# starts inherit it): on a host whose cores the running steps also use, the steps go first
-NICE = 10
-
-
-def lower_priority(nice: int = NICE) -> None:
-    """Lower the calling thread's CPU priority by `nice` (where the OS has per-thread
-    priorities; elsewhere nothing)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-    except (AttributeError, OSError):  # not Linux, or not permitted
-        pass
-
-
 class Ahead:
     """`work()` on a background thread; `ready()` without blocking, `result()` blocking
     (re-raising its error). Not a daemon: a run that ends first waits for it at exit (a
@@ -97,7 +82,6 @@ class Ahead:
         self._thread.start()
 
     def _run(self, work) -> None:
-        lower_priority()
         try:
             with CompileCounter() as counter:
                 self._result = work()
