@@ -113,40 +113,68 @@ def use_compile_cache(path: str) -> None:
 
 
 class CompiledSplits:
-    """The splits whose executables a persistent compilation cache holds for one run's programs
-    (`fingerprint`: what the executables depend on), in a small JSON file beside the cache
-    (`jaxrl-compiled-splits.json`), so the rebalancing policy knows which split loads instead
-    of compiling. No cache directory: knows nothing. A stale entry (the cache pruned) only makes
-    the policy's estimate optimistic; a move still waits for its compile-ahead."""
+    """What a persistent compilation cache holds for one run's programs (`fingerprint`: what the
+    executables depend on), in a small JSON file beside the cache (`jaxrl-compiled-splits.json`):
+    the splits compiled into it, so the rebalancing policy knows which split loads instead of
+    compiling, and the longest compile-ahead measured that compiled (wall seconds, and seconds
+    it slowed the running steps; one cut short by the run's end counts what it had taken), so a
+    later run does not assume a compilation cheaper than one already seen. No cache directory:
+    knows nothing. A stale entry (the cache pruned) only makes an estimate optimistic; a move
+    still waits for its compile-ahead."""
 
     FILE = "jaxrl-compiled-splits.json"
 
     def __init__(self, cache_dir: str | None, fingerprint: str):
         self.path = None if not cache_dir else os.path.join(cache_dir, self.FILE)
         self.fingerprint = fingerprint
+        self._lock = threading.Lock()  # a compile-ahead thread adds its split
 
-    def _read(self) -> dict:
+    def _entry(self) -> dict:
         try:
             with open(self.path) as f:
-                data = json.load(f)
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
+                entry = json.load(f).get(self.fingerprint, {})
+            return entry if isinstance(entry, dict) else {}
+        except (OSError, ValueError, AttributeError):
             return {}
 
     def known(self, key) -> bool:
-        return self.path is not None and str(key) in self._read().get(self.fingerprint, [])
+        return self.path is not None and str(key) in self._entry().get("splits", [])
+
+    def compile_s(self) -> tuple[float, float] | None:
+        """(wall, cost) of the longest compiling compile-ahead recorded, if any."""
+        got = self.path is not None and self._entry().get("compile_s")
+        return (float(got[0]), float(got[1])) if got else None
 
     def add(self, key) -> None:
+        self._update(lambda e: e.update(splits=sorted({*e.get("splits", []), str(key)})))
+
+    def compiled(self, wall_s: float, cost_s: float) -> None:
+        """A compile-ahead that compiled took `wall_s` (at least) and slowed the steps by
+        `cost_s`: kept if longer than the one recorded."""
+        def keep(e):
+            old = e.get("compile_s") or (0.0, 0.0)
+            e["compile_s"] = [max(old[0], wall_s), max(old[1], cost_s)]
+        self._update(keep)
+
+    def _update(self, change) -> None:
         if self.path is None:
             return
-        data = self._read()
-        keys = set(data.get(self.fingerprint, [])) | {str(key)}
-        data[self.fingerprint] = sorted(keys)
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(data, f)
-            os.replace(tmp, self.path)  # readers see the old file or the new one
-        except OSError:  # a read-only cache: the estimate stays the cold one
-            pass
+        with self._lock:
+            try:
+                with open(self.path) as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                data = {}
+            data = data if isinstance(data, dict) else {}
+            entry = data.get(self.fingerprint)
+            entry = entry if isinstance(entry, dict) else {}
+            change(entry)
+            data[self.fingerprint] = entry
+            try:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                tmp = f"{self.path}.{os.getpid()}.{threading.get_native_id()}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump(data, f)
+                os.replace(tmp, self.path)  # readers see the old file or the new one
+            except OSError:  # a read-only cache: the estimates stay the run's own
+                pass

@@ -176,10 +176,11 @@ class LiveRebalance:
         steps_done = record.steps_done
         if steps_done >= self.cfg.steps:
             if self.ahead is not None and self._ahead_counting:
+                took = time.perf_counter() - self.ahead.started
                 log.info("rebalance: the run ended with %d:%d still compiling ahead (for "
                          "%.1fs): it did not pay", self.ahead.key[0],
-                         len(self.devices) - self.ahead.key[0],
-                         time.perf_counter() - self.ahead.started)
+                         len(self.devices) - self.ahead.key[0], took)
+                self.compiled_splits.compiled(took, self._ahead_cost_s)  # at least that
             return added, None
         decision, mirrored = None, self.mirrored
         every = self.cfg.rebalance_every
@@ -243,6 +244,7 @@ class LiveRebalance:
                 if hasattr(generator.engine, "precompile"):
                     compiled += generator.engine.precompile(shapes)
                 generator.scheduler.release()  # its weights come with the move
+            self.compiled_splits.add(key)  # in the cache now, even if the run has ended
             return meshes, generator, compiled
 
         self.ahead, self._ahead_cost_s, self._ahead_counting = Ahead(key, work), 0.0, True
@@ -254,21 +256,28 @@ class LiveRebalance:
         """The compile seconds of everything before the end of the run's first step (its
         executables compiled, or loaded from the persistent cache): what compiling another
         split ahead is assumed to take, and to cost the steps beside it, until one is
-        measured. Cold on a small host that is many steps' time, and no move pays for it in a
-        short run; with the cache warm it is the loading."""
+        measured, or what an earlier run's compile-ahead that compiled took (recorded beside
+        the persistent cache) if longer: the first step compiles fewer executables than a
+        compile-ahead, and not beside running steps. Cold on a small host that is many steps'
+        time, and no move pays for it in a short run; for a split the cache holds it is the
+        first step's load time."""
         counter, self._first_compile = self._first_compile, None
         counter.__exit__(None, None, None)
         cold = counter.seconds + counter.saved_s  # as if nothing were cached
         self._cold = (cold, cold)
+        seen = self.compiled_splits.compile_s()  # an earlier run's compile-ahead that compiled
+        if seen is not None and seen[0] > cold:
+            self._cold = seen
         if counter.cache_hits:
             self._warm = (counter.seconds, counter.seconds)
-        self.policy.compiled(cold, cold)
+        self.policy.compiled(*self._cold)
         self.policy.compile_estimate = self._estimate
         self.compiled_splits.add((self.policy.split[0], self.mirrored))
         log.info("rebalance: the first step compiled %d executables in %.2fs (%d loaded from the "
-                 "persistent cache, sparing %.2fs): a compile-ahead is assumed to take %.2fs, "
-                 "or the load time for a split the cache holds, until one is measured",
-                 counter.count, counter.seconds, counter.cache_hits, counter.saved_s, cold)
+                 "persistent cache, sparing %.2fs): a compile-ahead is assumed to take %.2fs "
+                 "(costing the steps beside it %.2fs), or the load time for a split the cache "
+                 "holds, until one is measured", counter.count, counter.seconds,
+                 counter.cache_hits, counter.saved_s, *self._cold)
         return {"rebalance/first_compile_s": counter.seconds,
                 "rebalance/first_compile_saved_s": counter.saved_s}
 
@@ -295,10 +304,11 @@ class LiveRebalance:
         if generator is not None:
             self._generators[ahead.key] = generator
         self.policy.compiled(ahead.seconds, self._ahead_cost_s)
+        loaded = ahead.compiles and ahead.cache_hits >= ahead.compiles
+        if not loaded:
+            self.compiled_splits.compiled(ahead.seconds, self._ahead_cost_s)
         if self._cold is not None:  # the next estimates: a compilation's or a load's
-            loaded = ahead.compiles and ahead.cache_hits >= ahead.compiles
             setattr(self, "_warm" if loaded else "_cold", (ahead.seconds, self._ahead_cost_s))
-        self.compiled_splits.add(ahead.key)
         log.info("rebalance: %d:%d compiled ahead: %d executables (%d compilations, %d from "
                  "the persistent cache), %.2fs on its thread, %.2fs slower running steps beside "
                  "it", ahead.key[0], len(self.devices) - ahead.key[0], n, ahead.compiles,

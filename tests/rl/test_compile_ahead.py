@@ -167,7 +167,8 @@ def test_the_compile_aheads_cost_is_the_slowdown_of_the_steps_beside_it():
 
 @pytest.mark.parametrize("compiled_s, saved_s, known, starts", [
     (30.0, 0.0, False, False), (0.5, 0.0, False, True),  # nothing cached: compiling costs
-    (0.5, 29.5, True, True), (0.5, 29.5, False, False)])  # cached: only the splits it holds
+    (0.5, 29.5, True, True), (0.5, 29.5, False, False),  # cached: only the splits it holds
+    (0.5, 0.0, "slow before", False)])  # an earlier run's compile-ahead took 30 s
 def test_a_compile_ahead_starts_only_when_its_estimated_time_can_pay(
         compiled_s, saved_s, known, starts, tmp_path, caplog):
     """No compile time assumed (`rebalance_compile_s=None`): the run's first step's compile
@@ -185,7 +186,9 @@ def test_a_compile_ahead_starts_only_when_its_estimated_time_can_pay(
     cfg = PipelineConfig(mode="sync", steps=10, rebalance="auto", rebalance_min_interval=1,
                          rebalance_confirm=1, rebalance_cost_s=0.5)
     splits = CompiledSplits(str(tmp_path), "programs")
-    if known:
+    if known == "slow before":  # an earlier run's compile-ahead compiled for 30 s
+        CompiledSplits(str(tmp_path), "programs").compiled(30.0, 30.0)
+    elif known:
         CompiledSplits(str(tmp_path), "programs").add((2, False))  # an earlier run's
     CompiledSplits(str(tmp_path), "other programs").add((3, False))
     live = LiveRebalance(cfg, list(range(8)), 6, trainer_tp=1, generator_tp=1, batch=16,
@@ -201,8 +204,9 @@ def test_a_compile_ahead_starts_only_when_its_estimated_time_can_pay(
         live.plan(StepRecord(1, 2, False, dict(rates), None), parts="parts")
     assert first["rebalance/first_compile_s"] == compiled_s
     assert first["rebalance/first_compile_saved_s"] == saved_s
-    cold = compiled_s + saved_s
-    assert live.policy.compile_estimate((2, 6)) == ((0.5, 0.5) if known else (cold, cold))
+    cold = 30.0 if known == "slow before" else compiled_s + saved_s
+    assert live.policy.compile_estimate((2, 6)) == (
+        (0.5, 0.5) if known is True else (cold, cold))
     assert started == ([(2, False)] if starts else [])
     if not starts:
         assert "6:2 -> 2:6 does not pay" in caplog.text and "compile 30s" in caplog.text
@@ -225,3 +229,27 @@ def test_a_run_turns_on_the_persistent_cache_unless_one_is_set(tmp_path):
         assert jax.config.jax_compilation_cache_dir == str(Path.home() / "jaxrl-xla")
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_compiled_splits_keep_splits_and_the_longest_compile_per_program(tmp_path):
+    """The file beside the cache: splits added by any instance (a compile-ahead thread, a later
+    run) are known to every instance of the same programs, not to other programs; a compile
+    time recorded is kept only when longer; no cache directory or a broken file knows
+    nothing."""
+    from jaxrl.rl.compile_ahead import CompiledSplits
+
+    a, b = CompiledSplits(str(tmp_path), "p"), CompiledSplits(str(tmp_path), "p")
+    other = CompiledSplits(str(tmp_path), "q")
+    assert not a.known((2, False)) and a.compile_s() is None
+    a.add((2, False))
+    b.add((4, True))
+    b.compiled(18.1, 0.5)
+    a.compiled(6.0, 2.0)  # shorter wall, larger cost: each kept at its maximum
+    assert b.known((2, False)) and a.known((4, True)) and not a.known((4, False))
+    assert a.compile_s() == (18.1, 2.0)
+    assert not other.known((2, False)) and other.compile_s() is None
+    assert not CompiledSplits(None, "p").known((2, False))
+    (tmp_path / CompiledSplits.FILE).write_text("{not json")
+    assert not a.known((2, False)) and a.compile_s() is None
+    a.add((3, False))  # rewrites the broken file
+    assert b.known((3, False))
