@@ -260,9 +260,18 @@ def make_logprobs_fn(graphdef, *, chunk: int, out_sharding=None, replay: bool = 
     params' mesh; `prefix`: the batch's shared-prompt layout (`jaxrl.train.prefix`).
 
     Used for the proximal policy (current params before an update; `replay`: with the
-    generator's routing, as the policy's forward) and the reference policy (its own routing)."""
-    fn = functools.partial(_logprobs, graphdef=graphdef, chunk=chunk, replay=replay)
-    return jax.jit(fn, out_shardings=out_sharding)
+    generator's routing, as the policy's forward) and the reference policy (its own routing).
+    One jitted function per (graphdef, chunk, replay, out_sharding), shared by every Trainer:
+    a trainer rebuilt on another mesh (a live move) reuses what was compiled for it ahead
+    (`jaxrl.train.trainer.precompile_step`)."""
+    key = (graphdef, chunk, replay, out_sharding)
+    if key not in _LOGPROBS_JITTED:
+        fn = functools.partial(_logprobs, graphdef=graphdef, chunk=chunk, replay=replay)
+        _LOGPROBS_JITTED[key] = jax.jit(fn, out_shardings=out_sharding)
+    return _LOGPROBS_JITTED[key]
+
+
+_LOGPROBS_JITTED: dict = {}
 
 
 def full_logprobs_reference(model, batch: Batch):

@@ -290,7 +290,10 @@ def precompile_step(trainer: Trainer, mesh: Mesh) -> int:
     layout as `jax.ShapeDtypeStruct`s with the target shardings (`jit(...).lower(...)
     .compile()`). A `Trainer` later built on `mesh` (`move_trainer`) dispatches to those
     executables (the jitted step is shared by mesh, `jaxrl.train.step`). Safe on a background
-    thread while `trainer` keeps stepping. Returns the number of executables compiled."""
+    thread while `trainer` keeps stepping. With a correction that needs the proximal policy
+    (pi_old, recomputed before the update: `decoupled`, `m2po`), that log-prob pass is compiled
+    for each shape too (one update per batch; with mini-batches it compiles at its first use).
+    Returns the number of executables compiled."""
     model_cfg, cfg = trainer.model_cfg, trainer.cfg
     abstract, shardings = train_state_shardings(model_cfg, cfg, mesh)
     placed = lambda a, s: jax.tree.map(
@@ -300,6 +303,12 @@ def precompile_step(trainer: Trainer, mesh: Mesh) -> int:
     if trainer.frozen is not None:
         frozen = placed(*frozen_shardings(model_cfg, cfg, mesh))
     step = make_train_step(trainer.graphdef, cfg, mesh, shardings)
+    proximal = None
+    if "proximal" in correction_needs(cfg) and trainer.updates_per_batch == 1:
+        proximal = make_logprobs_fn(trainer.graphdef, chunk=cfg.logprob_chunk,
+                                    replay=cfg.routing_replay)
+        params = state.params if frozen is None else lora.join(frozen, state.params)
+    compiled = 0
     for batch, layout, rows in trainer.signatures.copy().values():
         if rows is not None:  # padded for the new mesh's row multiple (fsdp x micro-batches)
             old = batch.shape[0]
@@ -311,7 +320,12 @@ def precompile_step(trainer: Trainer, mesh: Mesh) -> int:
             layout = placed(layout, layout_shardings(layout, mesh))
         with jax.set_mesh(mesh):
             step.jitted(batch, frozen, layout).lower(state, batch, frozen, layout).compile()
-    return len(trainer.signatures)
+            compiled += 1
+            if proximal is not None:  # as `_prepare` calls it: neither pi_old nor ref yet
+                bare = batch.replace(proximal_logprobs=None, ref_logprobs=None)
+                proximal.lower(params, bare, layout).compile()
+                compiled += 1
+    return compiled
 
 
 def _with_rows(x, *, old: int, new: int) -> jax.ShapeDtypeStruct:

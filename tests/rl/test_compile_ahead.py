@@ -28,7 +28,8 @@ def _batch(seed=0, b=16, t=16, prompt=6, vocab=64):
     seg = (pos < lengths[:, None]).astype(np.int32)
     mask = ((pos >= prompt) & (pos < lengths[:, None])).astype(np.float32)
     return make_batch(rng.integers(0, vocab, (b, t)), mask, rng.random(b).round(1),
-                      np.repeat(np.arange(4), b // 4), segment_ids=seg)
+                      np.repeat(np.arange(4), b // 4), segment_ids=seg,
+                      behaviour_logprobs=-rng.random((b, t)).astype(np.float32) * mask)
 
 
 def _generate(generator, prompts):
@@ -50,8 +51,10 @@ def test_a_move_compiled_ahead_compiles_nothing_and_a_move_back_neither(tmp_path
     """6:2 -> 2:6 compiled ahead (trainer step for fsdp 2, the generator on 6 devices), then
     the move and a step and a generation at 2:6 compile nothing; the move back to 6:2 (met
     before) compiles nothing; with nothing compiled ahead the same move compiles (the check
-    that the counter sees compilations)."""
-    cfg = tiny_run_config(tmp_path, mesh=dict(trainer=(6, 1), generator=(2, 1)))
+    that the counter sees compilations). The correction (`decoupled`) recomputes pi_old before
+    each update: that log-prob pass is compiled ahead too."""
+    cfg = tiny_run_config(tmp_path, mesh=dict(trainer=(6, 1), generator=(2, 1)),
+                          train=dict(correction="decoupled"))
     devices = jax.devices()[:8]
     meshes = split_meshes(devices, 6)
     trainer = Trainer(cfg.model, cfg.train, meshes.trainer)
