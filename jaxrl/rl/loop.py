@@ -135,15 +135,21 @@ class Loop:
         self._thread: threading.Thread | None = None
         self._calls: collections.deque = collections.deque()  # work for the generator thread
         self._should_stop: Callable[[bool], bool] = lambda waiting: False
+        # with live moves, the last step whose move was decided: a batch waits for the step
+        # before it, so a move is made before the next batch, not after it at the old split
+        self._decided = -1
 
     # ------------------------------------------------------------------ generator side
 
     def _wait_for_version(self, batch: int) -> None:
         """Wait until batch `batch` may start: version `batch - lead` published (the lead is
-        read again while waiting, so a lead raised meanwhile takes effect at once)."""
+        read again while waiting, so a lead raised meanwhile takes effect at once) and, with
+        live moves, the step that published it has decided whether to move (else the swap
+        would wait for this batch, made at the old split)."""
         pub = self._published
         with pub.cond:
-            while pub.version < batch - self.lead:
+            while pub.version < batch - self.lead or (
+                    self.rebalance is not None and self._decided < batch - self.lead - 1):
                 if self._stop.is_set():
                     raise PipelineStopped()
                 if self._calls:
@@ -295,6 +301,7 @@ class Loop:
         self._should_stop = should_stop or (lambda waiting: False)
         first_made = self._restore_in_flight(start_step)
         self._published = _Published(None, start_step - 1)
+        self._decided = start_step - 1
         self._publish(self.parts.trainer.state.params, start_step)
         self._thread = threading.Thread(
             target=self._generator_loop, args=(first_made, num_steps), name="jaxrl-generator",
@@ -371,6 +378,9 @@ class Loop:
             row.update(added)
             if build is not None:
                 row.update(self.rebalance.moved(self.swap_parts(build)))
+            with self._published.cond:
+                self._decided = step
+                self._published.cond.notify_all()
         self.log_row(step, row, samples)
         if self.checkpoints is not None and self.checkpoints.due(step + 1, end):
             self.checkpoints.save(step + 1, self.parts.trainer)

@@ -1,6 +1,7 @@
 """Loop.swap_parts, the safe point of a live move, with fakes: the generator replaced mid-run
 loses no batch and makes none twice, and every batch started after the swap is made by the new
-generator with the weights the swap published."""
+generator with the weights the swap published; in sync mode the batch after the move's step is
+the new generator's."""
 
 import dataclasses
 import time
@@ -56,6 +57,7 @@ def test_swap_mid_run_loses_and_repeats_no_batch(mode):
     after = [t for t in trained if t[1] == "new"]
     assert after and all(t[0] > 3 for t in after)  # batches made before the swap stay queued
     assert {t[2] for t in after} <= {"moved-w4", "w5", "w6", "w7"}
-    if mode == "sync":  # batch 4 may have started with w4 before the swap was asked for
-        assert trained[4][1:] in (("old", "w4"), ("new", "moved-w4"))
+    if mode == "sync":  # batch 4 waits for step 3's decision: made after the move, not
+        # by the old generator with the swap waiting for it
+        assert trained[4][1:] == ("new", "moved-w4")
         assert [t[1:] for t in trained[5:]] == [("new", "w5"), ("new", "w6"), ("new", "w7")]
