@@ -54,8 +54,8 @@ def test_figures_count_the_moves_pause_and_pair_each_move_with_its_measurement()
                 "rebalance/measured_cost_s": 8.0}
     history = [_row(0, 60.0, 0.5, 6), _row(1, 2.0, 0.9, 6, **move), _row(2, 4.0, 0.1, 2),
                _row(3, 0.5, 0.6, 2, **measured)]
-    f = figures(history, warmup=1, batch=16)
-    assert f["timed_s"] == 2.0 + 3.0 + 4.0 + 0.5  # step 0 left out; the pause counted
+    f = figures(history, warmup=1, batch=16)  # rows without a clock: windows + pauses
+    assert f["timed_s"] == f["windows_s"] == 2.0 + 3.0 + 4.0 + 0.5  # step 0 left out
     assert f["samples_per_s"] == 16 * 3 / 9.5
     assert f["trainer_idle"] == pytest.approx((0.9 + 0.1 + 0.6) / 3)
     assert f["final_split"] == [2, 6]
@@ -68,3 +68,13 @@ def test_figures_count_the_moves_pause_and_pair_each_move_with_its_measurement()
                            "samples_per_s": 16 / 2.0, "steps": [1]}
     assert f["after"] == {"trainer_idle": 0.6, "produced_per_s": 60.0,
                           "samples_per_s": 16 / 0.5, "steps": [3]}
+
+
+def test_figures_time_the_run_by_the_rows_clock_from_the_last_warm_up_row():
+    # the time between the windows (hooks, the policy, the move) counts too
+    history = [_row(0, 60.0, 0.5, 6, time=100.0), _row(1, 2.0, 0.9, 6, time=102.5),
+               _row(2, 4.0, 0.1, 6, time=107.0), _row(3, 0.5, 0.6, 6, time=108.0)]
+    f = figures(history, warmup=1, batch=16)
+    assert f["timed_s"] == 8.0 and f["windows_s"] == 6.5
+    assert f["samples_per_s"] == 16 * 3 / 8.0
+    assert figures(history, warmup=0, batch=16)["timed_s"] == 66.5  # no row before: windows

@@ -6,9 +6,10 @@ simulated CPU devices without an accelerator) with a generator made slow
 that split (`pipeline.rebalance=off`), the other lets the live policy move devices
 (`pipeline.rebalance=auto`, jaxrl/rl/rebalance.py). Same experiment, same steps, in the
 same process; with `--repeats` the order alternates. Throughput is samples consumed per
-wall-clock second over the steps after `--warmup` (the first compiles): their windows plus the
-moves' pauses, so the auto run pays for its moves, the compilation ahead of them (the steps
-beside it are slower) and any compilation they did not hide inside it. Reported: the ratio
+wall-clock second over the steps after `--warmup` (the first compiles), from the end of the last
+warm-up step to the end of the last, so the auto run pays for its moves, the compilation ahead
+of them (the steps beside it are slower), any compilation they did not hide and the policy's
+own time. Reported: the ratio
 auto / fixed (median of the paired ratios) on a line of its own, the load average before and
 after, each run's trainer idle fraction, and every move with its predicted rate and payback,
 its compile-ahead (wall time, cost to the steps beside it), its pause and uncovered compilation
@@ -207,12 +208,17 @@ class _LogLines(logging.Handler):
 def figures(history: list[dict], warmup: int, batch: int, *, wall_s: float = float("nan")
             ) -> dict:
     """One run's figures from its metrics rows: samples consumed per second over the steps after
-    `warmup` (their wall-clock windows, `pipeline/step_s`, plus the pauses of the moves made
-    after them, `rebalance/move_s`), the mean trainer idle fraction over them, the final split
-    and every move (with its measured effect, logged on a later row)."""
+    `warmup`, the mean trainer idle fraction over them, the final split and every move (with
+    its measured effect, logged on a later row). Their time is the wall clock from the last
+    warm-up step's row to the last row (each row is written once its step, hooks and move are
+    done: everything the run did in between counts); rows without `time` (or no warm-up step)
+    count the steps' windows, `pipeline/step_s`, plus the pauses of the moves made after them,
+    `rebalance/move_s` (`windows_s`, reported too)."""
     timed = history[warmup:]
-    span = sum(r["pipeline/step_s"] + r.get("rebalance/move_s", 0.0) for r in timed[:-1]) + \
+    windows = sum(r["pipeline/step_s"] + r.get("rebalance/move_s", 0.0) for r in timed[:-1]) + \
         timed[-1]["pipeline/step_s"]  # a move after the last step would not be timed
+    clocked = warmup >= 1 and all("time" in r for r in history[warmup - 1:])
+    span = history[-1]["time"] - history[warmup - 1]["time"] if clocked else windows
     moves: list[dict] = []
     ahead: dict = {}
     for r in history:  # a measurement belongs to the last move before it
@@ -223,7 +229,8 @@ def figures(history: list[dict], warmup: int, batch: int, *, wall_s: float = flo
         if "rebalance/move_s" in r:
             moves.append(_picked(r, MOVE_KEYS) | {"after_step": r["step"]} | ahead)
             ahead = {}
-    out = {"samples_per_s": batch * len(timed) / span, "timed_s": span, "wall_s": wall_s,
+    out = {"samples_per_s": batch * len(timed) / span, "timed_s": span, "windows_s": windows,
+           "wall_s": wall_s,
            "batch": batch,
            "trainer_idle": _mean(timed, "pipeline/trainer_idle_frac"),
            "final_split": [history[-1]["pipeline/trainer_chips"],
