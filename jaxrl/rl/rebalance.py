@@ -139,6 +139,7 @@ class LiveRebalance:
         # splits the persistent cache holds: their compile-ahead is a load (`_estimate`)
         self.compiled_splits = compiled_splits or CompiledSplits(None, "")
         self._cold = self._warm = None  # (wall, cost) of a compile-ahead that compiles / loads
+        self._cost_split = None  # the split whose steps ran beside the last measured one
 
     def feasible(self, trainer_chips: int, generator_chips: int) -> bool:
         """The tp sizes divide both roles, the memory plan says both fit, and compiling it
@@ -283,10 +284,15 @@ class LiveRebalance:
 
     def _estimate(self, split) -> tuple[float, float]:
         """(wall, cost) of compiling `split` ahead: a load when the persistent cache holds it
-        and a load was measured, else a compilation."""
-        if self._warm is not None and self.compiled_splits.known((split[0], self.mirrored)):
-            return self._warm
-        return self._cold
+        and a load was measured, else a compilation. A cost measured beside another split's
+        steps is not assumed at this one: there the compile's whole wall time is (how much it
+        slows a step depends on how busy that step keeps the host: on 2 cores one 19.5 s
+        compile cost a 6:2 split whose generator mostly slept 0.4 s, the next 6.3 s at 3:5)."""
+        known = self._warm is not None and self.compiled_splits.known((split[0], self.mirrored))
+        wall, cost = self._warm if known else self._cold
+        if self._cost_split not in (None, self.policy.split):
+            cost = max(cost, wall)
+        return wall, cost
 
     def _compiled(self) -> dict:
         """The compile-ahead finished: its measured cost goes to the policy, its generator to
@@ -304,6 +310,7 @@ class LiveRebalance:
         if generator is not None:
             self._generators[ahead.key] = generator
         self.policy.compiled(ahead.seconds, self._ahead_cost_s)
+        self._cost_split = self.policy.split  # the steps it was measured beside
         loaded = ahead.compiles and ahead.cache_hits >= ahead.compiles
         if not loaded:
             self.compiled_splits.compiled(ahead.seconds, self._ahead_cost_s)

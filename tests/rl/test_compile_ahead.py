@@ -166,6 +166,12 @@ def test_the_compile_aheads_cost_is_the_slowdown_of_the_steps_beside_it():
     assert added["rebalance/compile_ahead_s"] > 0
     assert live.policy.compile_cost_s == pytest.approx(0.9)
     assert live.policy.since_move == 3  # 1 observed step + 2 beside the compile
+    # the next compile-ahead is assumed to cost what this one did only beside 6:2's steps:
+    # at another split its whole wall time (as if it took 19.5 s and cost 0.4 s)
+    live._cold = (19.5, 0.4)
+    assert live.policy.compile_estimate((3, 5)) == (19.5, 0.4)
+    live.policy.split = (2, 6)
+    assert live.policy.compile_estimate((3, 5)) == (19.5, 19.5)
 
 
 @pytest.mark.parametrize("compiled_s, saved_s, known, starts", [
