@@ -141,6 +141,13 @@ class LiveRebalance:
         self._cold = self._warm = None  # (wall, cost) of a compile-ahead that compiles / loads
         self._cost_split = None  # the split whose steps ran beside the last measured one
 
+    def close(self) -> None:
+        """Stop counting the first step's compilations (a run that ended before its first
+        step was planned)."""
+        if self._first_compile is not None:
+            self._first_compile.__exit__(None, None, None)
+            self._first_compile = None
+
     def feasible(self, trainer_chips: int, generator_chips: int) -> bool:
         """The tp sizes divide both roles, the memory plan says both fit, and compiling it
         ahead did not fail."""

@@ -262,3 +262,18 @@ def test_compiled_splits_keep_splits_and_the_longest_compile_per_program(tmp_pat
     assert not a.known((2, False)) and a.compile_s() is None
     a.add((3, False))  # rewrites the broken file
     assert b.known((3, False))
+
+
+def test_closing_a_run_that_never_planned_stops_its_compile_counter():
+    """The first step's compile counter is a process-wide listener: a run that ends before its
+    first step is planned removes it when it closes (`LiveRebalance.close`, a run's closer)."""
+    cfg = PipelineConfig(mode="sync", steps=4, rebalance="auto")
+    live = LiveRebalance(cfg, list(range(8)), 6, trainer_tp=1, generator_tp=1, batch=16)
+    counter = live._first_compile
+    jax.jit(lambda x: x * 3 + 1)(np.arange(5.0))  # a new program: counted
+    seen = counter.count
+    assert seen >= 1
+    live.close()
+    live.close()  # twice is harmless
+    jax.jit(lambda x: x * 5 - 2)(np.arange(7.0))
+    assert counter.count == seen
