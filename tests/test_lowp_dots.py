@@ -75,4 +75,35 @@ def test_decode_step_lowering_unchanged_off_cpu(monkeypatch, platform):
     assert _lowered(on_cpu, platform) != ours
     monkeypatch.setattr(lowp_dots, "einsum", jnp.einsum)
     monkeypatch.setattr(lowp_dots, "matmul", operator.matmul)
+    monkeypatch.setattr(lowp_dots, "write_as_bits", lambda write, *args: write(*args))
     assert _lowered(_engine(monkeypatch, device), platform) == ours
+
+
+@pytest.mark.parametrize("ring", [False, True])
+def test_a_bf16_cache_write_on_cpu_keeps_the_cache_in_bf16(ring):
+    """XLA:CPU converts a bf16 scatter's whole operand to f32 and back; inside `wide_results`
+    the KV cache's per-row writes run on its bits instead: no cache-sized f32 array, and the
+    same bits written."""
+    from jaxrl.models.kv_cache import _write_rows, ring_write
+
+    rng = np.random.default_rng(0)
+    cache = jnp.asarray(rng.standard_normal((4, 2, 16, 8)), BF16)  # [B, K, S, D]
+    new = jnp.asarray(rng.standard_normal((4, 2, 1, 8)), jnp.float32)
+    start = jnp.asarray([0, 5, 15, 9], jnp.int32)
+    if ring:
+        fn = lambda c, n, s: ring_write(c, n, s, s + 1, axis=1)  # noqa: E731
+    else:
+        fn = lambda c, n, s: _write_rows(c, n, s, 1)  # noqa: E731
+    out = {}
+    for wide in (False, True):
+        with lowp_dots.wide_results(wide):
+            compiled = jax.jit(lambda c, n, s: fn(c, n, s)).lower(cache, new, start).compile()
+            out[wide] = np.asarray(compiled(cache, new, start)).view(np.uint16)
+        widened = "f32[4,2,16,8]" in compiled.as_text()
+        assert widened == (not wide), (wide, "XLA:CPU no longer widens a bf16 scatter: check "
+                                             "whether write_as_bits still pays")
+    np.testing.assert_array_equal(out[True], out[False])
+    expect = np.asarray(cache).view(np.uint16).copy()
+    for b, s in enumerate(np.asarray(start)):
+        expect[b, :, s % 16] = np.asarray(new[b, :, 0].astype(BF16)).view(np.uint16)
+    np.testing.assert_array_equal(out[True], expect)

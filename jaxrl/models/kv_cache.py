@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl.config import ModelConfig
+from jaxrl.models import lowp_dots
 from jaxrl.models.attention import (
     cached_attention,
     masked_attention,
@@ -83,7 +84,7 @@ def ring_write(ring, new_BT, start_B, lengths_B, axis: int):
         r, n = jnp.moveaxis(r, axis, 0), jnp.moveaxis(n.astype(r.dtype), axis, 0)
         return jnp.moveaxis(r.at[s].set(n, mode="drop"), 0, axis)
 
-    return jax.vmap(write)(ring, new_BT, slot_BT)
+    return lowp_dots.write_as_bits(jax.vmap(write), ring, new_BT, slot_BT)
 
 
 def ring_from_prefix(row, length, size: int, axis: int):
@@ -236,4 +237,4 @@ class KVCache:
 def _write_rows(cache, new, start_B, axis: int):
     """Write each row's T new entries at its own offset along the row's sequence `axis`."""
     write = lambda c, n, s: jax.lax.dynamic_update_slice_in_dim(c, n, s, axis=axis)
-    return jax.vmap(write)(cache, new.astype(cache.dtype), start_B)
+    return lowp_dots.write_as_bits(jax.vmap(write), cache, new.astype(cache.dtype), start_B)

@@ -7,6 +7,9 @@ matrix (2 bytes read, 4 written, 4 read again by the dot). The same dot asked fo
 in f32; rounding its result to bf16 is what the widened dot did, so the numbers are the same up
 to the order of the sums. docs/design.md ("Lessons from measuring") has the op counts and times.
 
+The same holds for a scatter into a bf16 array, the KV cache's per-row writes: `write_as_bits`
+does them on the cache's bits instead.
+
 The wide form is used only inside `wide_results(True)`, which `JaxEngine` sets while tracing its
 steps on CPU devices; elsewhere (GPU, TPU, the trainer) `einsum` and `matmul` are the plain
 `jnp` calls, so those lowerings are unchanged (tests/test_lowp_dots.py lowers both).
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
+import jax
 import jax.numpy as jnp
 
 _WIDE = contextvars.ContextVar("jaxrl_wide_lowp_dots", default=False)
@@ -35,6 +39,17 @@ def wide_results(enabled: bool = True):
 
 def _wide(x, w) -> bool:
     return _WIDE.get() and x.dtype == w.dtype and jnp.dtype(x.dtype) in LOW_PRECISION
+
+
+def write_as_bits(write, cache, new, *rest):
+    """`write(cache, new, *rest)`, a scatter into a cache; inside `wide_results`, on a 2-byte
+    float cache, done on its bits (uint16, bitcasts cost nothing): XLA:CPU widens a bf16
+    scatter's whole operand to f32 and rounds it back, which for the KV cache is every layer's
+    whole cache converted twice per decode step (a third of the bf16 step at batch 32)."""
+    if not (_WIDE.get() and jnp.dtype(cache.dtype) in LOW_PRECISION):
+        return write(cache, new, *rest)
+    bits = lambda a: jax.lax.bitcast_convert_type(a.astype(cache.dtype), jnp.uint16)
+    return jax.lax.bitcast_convert_type(write(bits(cache), bits(new), *rest), cache.dtype)
 
 
 def einsum(spec: str, x, w):
