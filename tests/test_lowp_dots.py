@@ -3,6 +3,7 @@ compiles with and without them, their numbers against a float64 hand computation
 turning them on for CPU devices only, and the GPU / TPU lowering of the decode step unchanged."""
 
 import operator
+import re
 
 import jax
 import jax.numpy as jnp
@@ -80,18 +81,20 @@ def test_decode_step_lowering_unchanged_off_cpu(monkeypatch, platform):
 
 
 @pytest.mark.parametrize("ring", [False, True])
-def test_a_bf16_cache_write_on_cpu_keeps_the_cache_in_bf16(ring):
+@pytest.mark.parametrize("t", [1, 2])
+def test_a_bf16_cache_write_on_cpu_keeps_the_cache_in_bf16(ring, t):
     """XLA:CPU converts a bf16 scatter's whole operand to f32 and back; inside `wide_results`
-    the KV cache's per-row writes run on its bits instead: no cache-sized f32 array, and the
-    same bits written."""
+    the KV cache's per-row writes are a select (one entry a row: a decode step) or a scatter
+    on its bits: no cache-sized f32 array, and the same bits written, a ring's dropped
+    entries and a slice clamped to fit included."""
     from jaxrl.models.kv_cache import _write_rows, ring_write
 
     rng = np.random.default_rng(0)
     cache = jnp.asarray(rng.standard_normal((4, 2, 16, 8)), BF16)  # [B, K, S, D]
-    new = jnp.asarray(rng.standard_normal((4, 2, 1, 8)), jnp.float32)
+    new = jnp.asarray(rng.standard_normal((4, 2, t, 8)), jnp.float32)
     start = jnp.asarray([0, 5, 15, 9], jnp.int32)
-    if ring:
-        fn = lambda c, n, s: ring_write(c, n, s, s + 1, axis=1)  # noqa: E731
+    if ring:  # row 2 keeps only its first new entry (its length ends there)
+        fn = lambda c, n, s: ring_write(c, n, s, s + jnp.asarray([t, t, 1, t]), axis=1)  # noqa: E731
     else:
         fn = lambda c, n, s: _write_rows(c, n, s, 1)  # noqa: E731
     out = {}
@@ -99,11 +102,16 @@ def test_a_bf16_cache_write_on_cpu_keeps_the_cache_in_bf16(ring):
         with lowp_dots.wide_results(wide):
             compiled = jax.jit(lambda c, n, s: fn(c, n, s)).lower(cache, new, start).compile()
             out[wide] = np.asarray(compiled(cache, new, start)).view(np.uint16)
-        widened = "f32[4,2,16,8]" in compiled.as_text()
+        entry = compiled.as_text().split("ENTRY")[1]  # arrays made, not a fusion's inside
+        widened = any(np.prod([int(n) for n in dims.split(",")]) == cache.size  # any layout
+                      for dims in re.findall(r"= f32\[([\d,]+)\]", entry))
         assert widened == (not wide), (wide, "XLA:CPU no longer widens a bf16 scatter: check "
-                                             "whether write_as_bits still pays")
+                                             "whether the bf16 cache writes still pay")
     np.testing.assert_array_equal(out[True], out[False])
     expect = np.asarray(cache).view(np.uint16).copy()
     for b, s in enumerate(np.asarray(start)):
-        expect[b, :, s % 16] = np.asarray(new[b, :, 0].astype(BF16)).view(np.uint16)
+        kept = 1 if ring and b == 2 else t
+        for i in range(kept):
+            at = (s + i) % 16 if ring else min(s, 16 - t) + i  # a slice is moved to fit
+            expect[b, :, at] = np.asarray(new[b, :, i].astype(BF16)).view(np.uint16)
     np.testing.assert_array_equal(out[True], expect)

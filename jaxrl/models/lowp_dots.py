@@ -41,6 +41,11 @@ def _wide(x, w) -> bool:
     return _WIDE.get() and x.dtype == w.dtype and jnp.dtype(x.dtype) in LOW_PRECISION
 
 
+def active() -> bool:
+    """Whether this trace is inside `wide_results(True)` (an engine on CPU devices)."""
+    return _WIDE.get()
+
+
 def write_as_bits(write, cache, new, *rest):
     """`write(cache, new, *rest)`, a scatter into a cache; inside `wide_results`, on a 2-byte
     float cache, done on its bits (uint16, bitcasts cost nothing): XLA:CPU widens a bf16
