@@ -120,16 +120,13 @@ def _run(cfg: RunConfig, processes: Processes, closers: contextlib.ExitStack, st
     evals = do_eval and cfg.data.eval  # run(evaluate=False) or --data.eval=false: none at all
     hooks = [eval_hook(evaluator, every=cfg.data.eval_every, start_done=start_step == 0)]
     update = Update(cfg.pipeline, processes, data_states)
-    rebalance = build_rebalance(cfg, model_cfg, meshes, seq_len, tokenizer)
-    if rebalance is not None:
-        closers.callback(rebalance.close)
     loop = Loop(
         Parts(trainer, generator, meshes.trainer.size, meshes.generator.size),
         mode=cfg.pipeline.mode, max_staleness=cfg.pipeline.max_staleness, rollouts=producer,
         update=update, lead=update.lead if cfg.pipeline.lead == "auto" else None,
         hooks=hooks if evals else [], log_row=logger.log_step, checkpoints=checkpoints,
         reduce=processes.reduce_metrics, row_metrics=lambda: rollout.reward_metrics(pool, scorer),
-        rebalance=rebalance, trace=trace)
+        rebalance=build_rebalance(cfg, model_cfg, meshes, seq_len, tokenizer, closers), trace=trace)
     del trainer, generator  # the loop holds them (a live move replaces them)
     eval_start = {}
     if evals and start_step == 0:

@@ -426,11 +426,13 @@ class LiveRebalance:
                 "rebalance/steps_left": float(decision.steps_left or 0)}
 
 
-def build_rebalance(cfg, model_cfg, meshes, seq_len: int, tokenizer) -> LiveRebalance | None:
+def build_rebalance(cfg, model_cfg, meshes, seq_len: int, tokenizer, closers=None
+                    ) -> LiveRebalance | None:
     """The run's `LiveRebalance` over the devices of both meshes, with `pipeline.rebalance=auto`
-    or `rebalance_every` (else None). A move rebuilds the generator (publisher, engine,
-    scheduler) on its new mesh from the moved trainer's params. A split is feasible when the tp
-    sizes divide it and the memory plan says it fits."""
+    or `rebalance_every` (else None); its `close` goes to `closers` (an ExitStack). A move
+    rebuilds the generator (publisher, engine, scheduler) on its new mesh from the moved
+    trainer's params. A split is feasible when the tp sizes divide it and the memory plan says
+    it fits."""
     if cfg.pipeline.rebalance == "off" and not cfg.pipeline.rebalance_every:
         return None
 
@@ -456,9 +458,12 @@ def build_rebalance(cfg, model_cfg, meshes, seq_len: int, tokenizer) -> LiveReba
     agree = None
     if jax.process_count() > 1:  # every process proposes; a move needs them all to agree
         from jaxrl.distributed import allgather_objects as agree
-    return LiveRebalance(cfg.pipeline, devices, meshes.trainer.size,
+    live = LiveRebalance(cfg.pipeline, devices, meshes.trainer.size,
                          trainer_tp=meshes.trainer.shape["tp"],
                          generator_tp=meshes.generator.shape["tp"],
                          rebuild_generator=rebuild_generator, fits=fits, agree=agree,
                          batch=cfg.data.prompts_per_step * cfg.data.group_size,
                          compiled_splits=compiled_splits)
+    if closers is not None:
+        closers.callback(live.close)
+    return live
