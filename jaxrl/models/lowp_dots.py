@@ -7,8 +7,9 @@ matrix (2 bytes read, 4 written, 4 read again by the dot). The same dot asked fo
 in f32; rounding its result to bf16 is what the widened dot did, so the numbers are the same up
 to the order of the sums. docs/design.md ("Lessons from measuring") has the op counts and times.
 
-The same holds for a scatter into a bf16 array, the KV cache's per-row writes: `write_as_bits`
-does them on the cache's bits instead.
+XLA:CPU also widens a scatter into a bf16 array, the KV cache's per-row writes: a decode step's
+one-entry write is a select over the cache instead (jaxrl/models/kv_cache.py), and longer
+writes scatter the cache's bits (`write_as_bits`).
 
 The wide form is used only inside `wide_results(True)`, which `JaxEngine` sets while tracing its
 steps on CPU devices; elsewhere (GPU, TPU, the trainer) `einsum` and `matmul` are the plain
@@ -48,9 +49,10 @@ def active() -> bool:
 
 def write_as_bits(write, cache, new, *rest):
     """`write(cache, new, *rest)`, a scatter into a cache; inside `wide_results`, on a 2-byte
-    float cache, done on its bits (uint16, bitcasts cost nothing): XLA:CPU widens a bf16
-    scatter's whole operand to f32 and rounds it back, which for the KV cache is every layer's
-    whole cache converted twice per decode step (a third of the bf16 step at batch 32)."""
+    float cache, done on its bits (uint16): XLA:CPU widens a bf16 scatter's whole operand to
+    f32 and rounds it back, which for the KV cache is every layer's whole cache converted twice
+    per write. XLA:CPU copies for a bitcast-convert too, so this is two plain copies of the
+    cache; a one-entry write is cheaper as a select (jaxrl/models/kv_cache.py)."""
     if not (_WIDE.get() and jnp.dtype(cache.dtype) in LOW_PRECISION):
         return write(cache, new, *rest)
     bits = lambda a: jax.lax.bitcast_convert_type(a.astype(cache.dtype), jnp.uint16)
