@@ -1,8 +1,10 @@
 """Turn the offline cache's random model (examples/cookbook_offline_cache.py) into a bigram
 model that answers tinker-cookbook's math prompts in the expected form, `\\boxed{<digit>}` then
-the `role_colon` stop string `\\n\\nUser:`, with a random digit from 2 to 5 (the cache's gsm8k
-answers are 2..8): so a group's rewards differ (a quarter of the samples of a question whose
-answer is 2..5 are right) and the RL recipes train, unchanged.
+the `role_colon` stop string `\\n\\nUser:`, with a random digit, 2 or 3 (the recipes test asks
+only the cache's gsm8k questions whose answer is 2 or 3): each sample is right with
+probability 1/2, so a group of 4 has rewards that differ but in 1 case of 8, and the RL recipes
+train, unchanged. (Digits 2..5 against answers 2..8 left every group of a 4-group batch all
+wrong in some runs: a zero gradient, and a flaky test.)
 
 How: both layers' attention and MLP outputs are zeroed (`o_proj`, `down_proj`), so the last
 hidden state is the current token's embedding; each token of the chain gets its own embedding
@@ -21,7 +23,7 @@ HIGH = 30.0  # a logit gap that makes a transition certain in practice
 # (this token, {next token: weight}); weights are probabilities among the named ones
 CHAIN = [(":", {" ": 1}), (" ", {"\\": 1}), ("\\", {"b": 1}), ("b", {"o": 1}), ("o", {"x": 1}),
          ("x", {"e": 1}), ("e", {"d": 0.98, "r": 0.02}), ("d", {"{": 1}),
-         ("{", {str(k): 0.25 for k in range(2, 6)}),
+         ("{", {"2": 0.5, "3": 0.5}),
          *[(str(k), {"}": 1}) for k in range(10)],
          ("}", {"\n": 1}), ("\n", {"\n": 0.6, "U": 0.4}), ("U", {"s": 1}), ("s", {"e": 1}),
          ("r", {":": 1})]
