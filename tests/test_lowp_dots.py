@@ -47,7 +47,7 @@ def test_wide_bf16_dot_reads_the_bf16_weight_and_sums_in_f32():
 
 
 def _engine(monkeypatch, platform: str) -> JaxEngine:
-    cfg = ModelConfig(architecture="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
+    cfg = ModelConfig(architecture="qwen2", vocab_size=96, hidden_size=32, intermediate_size=64,
                       num_layers=1, num_heads=4, num_kv_heads=2, qkv_bias=True,
                       tie_embeddings=True, max_position_embeddings=64, dtype="bfloat16",
                       param_dtype="bfloat16")
@@ -77,6 +77,7 @@ def test_decode_step_lowering_unchanged_off_cpu(monkeypatch, platform):
     monkeypatch.setattr(lowp_dots, "einsum", jnp.einsum)
     monkeypatch.setattr(lowp_dots, "matmul", operator.matmul)
     monkeypatch.setattr(lowp_dots, "write_as_bits", lambda write, *args: write(*args))
+    monkeypatch.setattr(lowp_dots, "take_rows", operator.getitem)
     assert _lowered(_engine(monkeypatch, device), platform) == ours
 
 
@@ -115,3 +116,39 @@ def test_a_bf16_cache_write_on_cpu_keeps_the_cache_in_bf16(ring, t):
             at = (s + i) % 16 if ring else min(s, 16 - t) + i  # a slice is moved to fit
             expect[b, :, at] = np.asarray(new[b, :, i].astype(BF16)).view(np.uint16)
     np.testing.assert_array_equal(out[True], expect)
+
+
+def test_cpu_decode_reads_the_tied_embedding_in_place(monkeypatch):
+    """On CPU a bf16 decode chunk neither widens the embedding table to f32 for the token lookup
+    (`take_rows` gathers its bits) nor copies it transposed for the lm head (`table_logits`
+    puts it on the dot's left): each of those was a whole-table pass per chunk call. The
+    numbers: the same rows bit for bit, the logits up to f32 summation order."""
+    def entry(engine):  # the arrays the compiled chunk makes, not a fusion's inside
+        state = engine.init_decode_state()
+        txt = engine._chunk_fns[1].lower(engine.params, state, np.int32(3)).compile().as_text()
+        return txt.split("ENTRY")[1]
+
+    widened, transposed = "= f32[96,32]", "= bf16[32,96]"  # the [V, E] table as f32; as [E, V]
+    ours = entry(_engine(monkeypatch, "cpu"))
+    assert widened not in ours and transposed not in ours
+    monkeypatch.setattr(lowp_dots, "take_rows", operator.getitem)
+    monkeypatch.setattr(lowp_dots, "table_logits", lambda x, t: jnp.einsum(
+        "bte,ve->btv", x, t.astype(x.dtype), preferred_element_type=jnp.float32))
+    plain = entry(_engine(monkeypatch, "cpu"))
+    assert widened in plain and transposed in plain, (
+        "XLA:CPU no longer widens a bf16 gather or copies a dot's transposed right operand: "
+        "check whether take_rows / table_logits still pay (docs/design.md)")
+    monkeypatch.undo()
+
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(rng.standard_normal((96, 32)), BF16)
+    idx = jnp.asarray([[0, 95, 7]], jnp.int32)
+    x = jnp.asarray(rng.standard_normal((2, 1, 32)), BF16)
+    with lowp_dots.wide_results():
+        rows = jax.jit(lowp_dots.take_rows)(table, idx)
+        logits = jax.jit(lowp_dots.table_logits)(x, table)
+    np.testing.assert_array_equal(np.asarray(rows).view(np.uint16),
+                                  np.asarray(table[idx]).view(np.uint16))
+    want = np.einsum("bte,ve->btv", np.asarray(x, np.float64), np.asarray(table, np.float64))
+    assert logits.dtype == jnp.float32 and logits.shape == (2, 1, 96)
+    np.testing.assert_allclose(np.asarray(logits), want, rtol=1e-5, atol=1e-5)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 
 import jax
@@ -194,15 +195,22 @@ def _argmax(x_BV):
     return jnp.min(jnp.where(x_BV == max_B1, iota_V[None, :], x_BV.shape[-1]), axis=-1)
 
 
-def top_candidates(x_BV, k: int, block: int = 128):
+def top_candidates(x_BV, k: int, block: int | None = None):
     """The `k` largest values of each row in descending order, and their indices.
 
     Equal to `lax.top_k` in values; faster on CPU for a wide row: the row is cut into blocks of
     `block` entries, and only the `k` blocks with the largest maxima are searched (every one of
     the row's `k` largest values lies in one of them: at most `k - 1` blocks have a larger
     maximum than the `k`-th block's). Among equal values the indices chosen may differ.
+
+    The two searches cover `v / block` block maxima and `k * block` pooled entries, so by
+    default `block` is the power of two at or above `sqrt(v / k)`: 32 for a 32,000-entry
+    vocabulary and k = 64 (XLA:CPU's two TopK calls 0.96 ms a step at batch 32, 1.20 with
+    128-entry blocks), 64 for 151,936 entries.
     """
     b, v = x_BV.shape
+    if block is None:
+        block = 1 << max(0, math.ceil(math.log2(math.sqrt(v / k))))
     n = -(-v // block)
     if n < 2 * k:  # too few blocks for the two-level search to pay
         return jax.lax.top_k(x_BV, k)

@@ -71,3 +71,25 @@ def matmul(x, w):
     if _wide(x, w):
         return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
     return x @ w
+
+
+def take_rows(table, idx):
+    """`table[idx]` (an embedding lookup); inside `wide_results`, on a 2-byte float table,
+    gathered on its bits: XLA:CPU widens a bf16 gather's whole table to f32, and since the table
+    is loop-invariant that convert is hoisted out of the decode loop and paid once per chunk call
+    (a 32000 x 512 table: ~26 ms, against ~10 ms for the bits view's copy)."""
+    if not (_WIDE.get() and jnp.dtype(table.dtype) in LOW_PRECISION):
+        return table[idx]
+    rows = jax.lax.bitcast_convert_type(table, jnp.uint16)[idx]
+    return jax.lax.bitcast_convert_type(rows, table.dtype)
+
+
+def table_logits(x_BTE, table_VE):
+    """f32 logits `x @ table.T` for a `[V, E]` table (a tied lm head), for `wide_results`: computed
+    as `table @ x.T` and transposed back. XLA:CPU's library dot wants its right operand `[E, V]` in
+    memory, so `x @ table.T` copies the whole table once per chunk call (hoisted out of the decode
+    loop); with the table on the left the dot reads it in place, and for a decode step's few rows
+    that form is also the faster one (docs/design.md has the times)."""
+    w = table_VE.astype(x_BTE.dtype)
+    logits_VBT = jnp.einsum("ve,bte->vbt", w, x_BTE, preferred_element_type=jnp.float32)
+    return jnp.transpose(logits_VBT, (1, 2, 0))

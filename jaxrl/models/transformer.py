@@ -487,7 +487,7 @@ class Transformer(nnx.Module):
         return self
 
     def _embed(self, tokens_BT):
-        x_BTE = self.embed[...][tokens_BT]
+        x_BTE = lowp_dots.take_rows(self.embed[...], tokens_BT)
         if self.cfg.architecture in GEMMA_ARCHITECTURES:  # the scale rounded to the weights' dtype
             x_BTE = x_BTE * jnp.asarray(self.cfg.hidden_size ** 0.5, x_BTE.dtype)
         return x_BTE.astype(DTYPES[self.cfg.dtype])
@@ -531,8 +531,11 @@ class Transformer(nnx.Module):
     def logits(self, h_BTE):
         """Project hidden states to float32 vocabulary logits (soft-capped by
         `cfg.final_logit_softcap`, Gemma 2)."""
-        w_EV = self.head_weight(h_BTE.dtype)
-        logits_BTV = jnp.einsum("bte,ev->btv", h_BTE, w_EV, preferred_element_type=jnp.float32)
+        if self.cfg.tie_embeddings and lowp_dots.active():  # a generator on CPU
+            logits_BTV = lowp_dots.table_logits(h_BTE, self.embed[...])
+        else:
+            w_EV = self.head_weight(h_BTE.dtype)
+            logits_BTV = jnp.einsum("bte,ev->btv", h_BTE, w_EV, preferred_element_type=jnp.float32)
         return soft_cap(logits_BTV, self.cfg.final_logit_softcap)
 
     def __call__(self, tokens_BT, positions_BT=None, segment_ids_BT=None):

@@ -64,7 +64,7 @@ def test_transform_of_a_wide_row_matches_transformers_processors():
         np.testing.assert_allclose(out[i][finite], want[finite], rtol=1e-6, err_msg=str(row))
 
 
-@pytest.mark.parametrize("width", [97, 32000, 30001])  # plain top_k; blocks; padded blocks
+@pytest.mark.parametrize("width", [97, 32000, 30001, 151936])  # plain top_k; blocks; padded
 def test_top_candidates_equal_lax_top_k(width):
     x = jax.random.normal(jax.random.key(width), (5, width)) * 3
     vals, idx = top_candidates(x, 64)
