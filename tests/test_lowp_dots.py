@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxrl.config import ModelConfig
 from jaxrl.generate import JaxEngine
@@ -46,14 +47,17 @@ def test_wide_bf16_dot_reads_the_bf16_weight_and_sums_in_f32():
     assert "convert_element_type" not in jaxpr
 
 
-def _engine(monkeypatch, platform: str) -> JaxEngine:
-    cfg = ModelConfig(architecture="qwen2", vocab_size=96, hidden_size=32, intermediate_size=64,
-                      num_layers=1, num_heads=4, num_kv_heads=2, qkv_bias=True,
-                      tie_embeddings=True, max_position_embeddings=64, dtype="bfloat16",
-                      param_dtype="bfloat16")
+def _cfg(**kw) -> ModelConfig:
+    return ModelConfig(**{**dict(
+        architecture="qwen2", vocab_size=96, hidden_size=32, intermediate_size=80, num_layers=1,
+        num_heads=4, num_kv_heads=2, qkv_bias=True, tie_embeddings=True,
+        max_position_embeddings=64, dtype="bfloat16", param_dtype="bfloat16"), **kw})
+
+
+def _engine(monkeypatch, platform: str, model=None) -> JaxEngine:
     monkeypatch.setattr(JaxEngine, "_platform", lambda self: platform)
-    return JaxEngine(create_model(cfg, seed=0), num_slots=2, max_len=16, chunk_steps=2,
-                     prefill_buckets=[4])
+    return JaxEngine(model or create_model(_cfg(), seed=0), num_slots=2, max_len=16,
+                     chunk_steps=2, prefill_buckets=[4])
 
 
 def _lowered(engine: JaxEngine, platform: str) -> str:
@@ -118,15 +122,19 @@ def test_a_bf16_cache_write_on_cpu_keeps_the_cache_in_bf16(ring, t):
     np.testing.assert_array_equal(out[True], expect)
 
 
+def _chunk_entry(engine: JaxEngine) -> str:
+    """The arrays a compiled decode chunk makes (its entry computation, not a fusion's inside)."""
+    state = engine.init_decode_state()
+    txt = engine._chunk_fns[1].lower(engine.params, state, np.int32(3)).compile().as_text()
+    return txt.split("ENTRY")[1]
+
+
 def test_cpu_decode_reads_the_tied_embedding_in_place(monkeypatch):
     """On CPU a bf16 decode chunk neither widens the embedding table to f32 for the token lookup
     (`take_rows` gathers its bits) nor copies it transposed for the lm head (`table_logits`
     puts it on the dot's left): each of those was a whole-table pass per chunk call. The
     numbers: the same rows bit for bit, the logits up to f32 summation order."""
-    def entry(engine):  # the arrays the compiled chunk makes, not a fusion's inside
-        state = engine.init_decode_state()
-        txt = engine._chunk_fns[1].lower(engine.params, state, np.int32(3)).compile().as_text()
-        return txt.split("ENTRY")[1]
+    entry = _chunk_entry
 
     widened, transposed = "= f32[96,32]", "= bf16[32,96]"  # the [V, E] table as f32; as [E, V]
     ours = entry(_engine(monkeypatch, "cpu"))
@@ -152,3 +160,51 @@ def test_cpu_decode_reads_the_tied_embedding_in_place(monkeypatch):
     want = np.einsum("bte,ve->btv", np.asarray(x, np.float64), np.asarray(table, np.float64))
     assert logits.dtype == jnp.float32 and logits.shape == (2, 1, 96)
     np.testing.assert_allclose(np.asarray(logits), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_cpu_engine_holds_its_bf16_projections_out_in(monkeypatch):
+    """On CPU a bf16 engine holds each projection [out, in] (`Transformer.hold_out_in`) from the
+    caller's layout, at construction and in `set_params`, and contracts it as one 2-D dot, so no
+    weight is copied back to [in, out] per chunk call; decoding gives the tokens and
+    log-probabilities of an engine holding the caller's layout. f32 engines and LoRA models
+    keep the caller's layout; the caller's model is left as it was."""
+    from jaxrl.models.transformer import Transformer
+
+    model = create_model(_cfg(num_layers=2), seed=0)
+    gate = model.layers[0].mlp.gate_proj[...]
+    engine = _engine(monkeypatch, "cpu", model)
+    assert engine.out_in and model.layers[0].mlp.gate_proj[...] is gate  # caller's untouched
+    held = nnx.merge(engine.graphdef, engine.params.state)
+    mlp, attn = held.layers[0].mlp, held.layers[0].attn
+    assert mlp.out_in and attn.out_in
+    np.testing.assert_array_equal(np.asarray(mlp.gate_proj[...]), np.asarray(gate).T)
+    assert attn.q_proj[...].shape == (4, 8, 32) and attn.o_proj[...].shape == (32, 4, 8)
+    canonical = re.compile(r"= bf16\[32,80\]\S* (copy|fusion|transpose)\(")  # gate as [E, F]
+    assert not canonical.search(_chunk_entry(engine))
+    with monkeypatch.context() as m:  # the premise: a 3-D einsum on the held weight copies it
+        m.setattr(lowp_dots, "einsum_out_in", lowp_dots.einsum)
+        assert canonical.search(_chunk_entry(_engine(m, "cpu", model))), (
+            "XLA:CPU no longer copies a 3-D einsum's [out, in] weight: check whether "
+            "einsum_out_in still pays (docs/design.md)")
+
+    def decode(engine, weights=None):
+        if weights is not None:
+            engine.set_params(weights, 1)
+        from jaxrl.generate import SamplingParams, Scheduler
+        sched = Scheduler(engine)
+        for p in ([1, 2, 3], [7, 8]):
+            sched.submit(p, SamplingParams(max_tokens=6, temperature=0.0))
+        done = sorted(sched.run(), key=lambda c: len(c.prompt))
+        return [c.tokens for c in done], np.array([c.logprobs for c in done])
+
+    other = create_model(_cfg(num_layers=2), seed=1)
+    with monkeypatch.context() as m:  # the same engine holding the caller's layout
+        m.setattr(Transformer, "hold_out_in", lambda self: self)
+        plain = _engine(m, "cpu", model)
+        want = decode(plain), decode(plain, nnx.state(other))
+    got = decode(engine), decode(engine, other)
+    for (tokens, logp), (want_tokens, want_logp) in zip(got, want, strict=True):
+        assert tokens == want_tokens
+        np.testing.assert_allclose(logp, want_logp, atol=2e-2)
+    assert not _engine(monkeypatch, "cpu", create_model(_cfg(dtype="float32",
+                                                            param_dtype="float32"))).out_in

@@ -91,7 +91,8 @@ class DisaggregatedEngine(JaxEngine):
         """Both groups' weights: checked and placed on the decode mesh, then on the prefill
         mesh (a device-to-device copy of the decode group's)."""
         super().set_params(params, version)
-        self.prefill_engine.set_params(self.params.state, version)
+        # an engine on CPU holds its own layout (`out_in`): the prefill group makes its copy
+        self.prefill_engine.set_params(params if self.out_in else self.params.state, version)
 
     def release_params(self) -> None:
         super().release_params()

@@ -56,7 +56,7 @@ from jaxrl.generate.state import (  # noqa: F401 (re-exported: the engine's type
 from jaxrl.models import lowp_dots
 from jaxrl.models.moe import experts_dtype, num_sparse_layers
 from jaxrl.models.paged import PagedKVCache
-from jaxrl.models.transformer import KVCache, Transformer
+from jaxrl.models.transformer import DTYPES, KVCache, Transformer
 from jaxrl.rounding import power_of_two_parts
 from jaxrl.sharding import logical_sharding, state_shardings
 
@@ -123,6 +123,18 @@ class JaxEngine:
         self.prefill_buckets = tuple(buckets)
         self.prefill_shapes: set[tuple[int, int]] = set()  # (rows, bucket) called, `precompile`
         self.graphdef, state = nnx.split(model)
+        # bf16 dots with f32 results on CPU (jaxrl/models/lowp_dots.py); GPU/TPU lower as before
+        self.wide_dots = self._platform() == "cpu"
+        # and, with 2-byte weights, the projections held [out, in] (`Transformer.hold_out_in`):
+        # the engine's own copy, made from the caller's layout here and in `set_params`
+        self.out_in = (self.wide_dots and not self.cfg.lora.enabled
+                       and jnp.dtype(DTYPES[self.cfg.dtype]) in lowp_dots.LOW_PRECISION)
+        if self.out_in:
+            source = self.graphdef
+            self._source_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                             state)
+            self.graphdef, state = nnx.split(nnx.merge(source, state).hold_out_in())
+            self._hold = jax.jit(lambda st: nnx.state(nnx.merge(source, st).hold_out_in()))
         self._param_shardings = None
         if mesh is not None:
             self._param_shardings = state_shardings(state, mesh, "generator")
@@ -130,8 +142,6 @@ class JaxEngine:
         self.params = Weights(state=state, version=self._version(version))
         self._state_shardings = self._decode_state_shardings()
         self._init_state_fn = None
-        # bf16 dots with f32 results on CPU (jaxrl/models/lowp_dots.py); GPU/TPU lower as before
-        self.wide_dots = self._platform() == "cpu"
         self._prefill_fn = jax.jit(self._traced(self._prefill_impl))
         self._prefill_rows_fn = jax.jit(self._traced(self._prefill_rows_impl))
         insert_kw, chunk_kw = {}, {}
@@ -284,7 +294,10 @@ class JaxEngine:
         """
         if isinstance(params, nnx.Module):
             params = nnx.state(params)
-        old = self.params.state if self.params is not None else self._released_like
+        if self.out_in:  # the caller's layout, then the engine's own (`hold_out_in`)
+            old = self._source_like
+        else:
+            old = self.params.state if self.params is not None else self._released_like
         if jax.tree.structure(params) != jax.tree.structure(old):
             paths = lambda t: {jax.tree_util.keystr(p) for p, _ in
                                jax.tree_util.tree_leaves_with_path(t)}
@@ -298,6 +311,8 @@ class JaxEngine:
                     f"set_params: {jax.tree_util.keystr(path)} has {new.dtype}{list(new.shape)}, "
                     f"the engine's model has {o.dtype}{list(o.shape)}"
                 )
+        if self.out_in:
+            params = self._hold(params)
         if self._param_shardings is not None:
             params = jax.device_put(params, self._param_shardings)
         self.params = Weights(state=params, version=self._version(version))

@@ -143,14 +143,23 @@ def apply_rope(x_BTHD, rope):
     return out.astype(x_BTHD.dtype)
 
 
-def _project(module, name: str, spec: str, x, dt):
-    """`einsum(spec, x, module.<name>)` with the weight in `dt`; a quantized module's weight is
-    read in its 8-bit format and its per-output-channel scale (`<name>_scale`) applied to the
-    result (`jaxrl.models.quant.quantized_einsum`)."""
-    w = getattr(module, name)[...]
+# each projection's einsum: the input's subscripts, the weight's, the output's
+SPECS = {"q_proj": "bte,ehd->bthd", "k_proj": "bte,ekd->btkd", "v_proj": "bte,ekd->btkd",
+         "qkv_proj": "bte,ekgd->btkgd", "o_proj": "bthd,hde->bte", "gate_proj": "bte,ef->btf",
+         "up_proj": "bte,ef->btf", "gate_up_proj": "bte,egf->btgf", "down_proj": "btf,fe->bte"}
+
+
+def _project(module, name: str, x, dt):
+    """`einsum(SPECS[name], x, module.<name>)` with the weight in `dt`; a quantized module's
+    weight is read in its 8-bit format and its per-output-channel scale (`<name>_scale`)
+    applied to the result (`jaxrl.models.quant.quantized_einsum`); a module holding its weights
+    output axes first (`lowp_dots.hold_out_in`) contracts them in that order."""
+    w, spec = getattr(module, name)[...], SPECS[name]
     if module.quant_format is not None:
         return quant.quantized_einsum(spec, x.astype(dt), w,
                                       getattr(module, f"{name}_scale")[...], module.quant_format)
+    if module.out_in:
+        return lowp_dots.einsum_out_in(lowp_dots.out_in_spec(spec)[0], x, w.astype(dt))
     return lowp_dots.einsum(spec, x, w.astype(dt))
 
 
@@ -195,6 +204,7 @@ class Attention(nnx.Module):
                         ("scale", None if scalar is None else scalar ** -0.5))
         self.quant_format = None  # quantize(fmt) swaps the projections for 8-bit values + scales
         self.fused = False  # fuse_projections() joins q/k/v into qkv_proj
+        self.out_in = False  # lowp_dots.hold_out_in: weights held output axes first
         self.q_proj = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd, std)
         self.k_proj = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd, std)
         self.v_proj = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd, std)
@@ -250,7 +260,7 @@ class Attention(nnx.Module):
     def _fused_qkv(self, x_BTE):
         """q, k, v from the one `qkv_proj` dot (`fuse_projections`)."""
         dt = x_BTE.dtype
-        out_BTKGD = _project(self, "qkv_proj", "bte,ekgd->btkgd", x_BTE, dt)
+        out_BTKGD = _project(self, "qkv_proj", x_BTE, dt)
         if self.cfg.qkv_bias:
             out_BTKGD = out_BTKGD + self.qkv_bias[...].astype(dt)[None, None]
         b, t, _, g2, d = out_BTKGD.shape
@@ -264,9 +274,9 @@ class Attention(nnx.Module):
             if self.cfg.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
             return apply_rope(q, rope), apply_rope(k, rope), v
-        q = _project(self, "q_proj", "bte,ehd->bthd", x_BTE, dt)
-        k = _project(self, "k_proj", "bte,ekd->btkd", x_BTE, dt)
-        v = _project(self, "v_proj", "bte,ekd->btkd", x_BTE, dt)
+        q = _project(self, "q_proj", x_BTE, dt)
+        k = _project(self, "k_proj", x_BTE, dt)
+        v = _project(self, "v_proj", x_BTE, dt)
         if ad.enabled:
             q = q + lora.delta(self, ad, "q", x_BTE, 1)
             k = k + lora.delta(self, ad, "k", x_BTE, 1)
@@ -286,7 +296,7 @@ class Attention(nnx.Module):
         return self._out(out_BTHD, x_BTE.dtype)
 
     def _out(self, out_BTHD, dt):
-        out_BTE = _project(self, "o_proj", "bthd,hde->bte", out_BTHD, dt)
+        out_BTE = _project(self, "o_proj", out_BTHD, dt)
         if self.cfg.lora.enabled:
             out_BTE = out_BTE + lora.delta(self, self.cfg.lora, "o", out_BTHD.astype(dt), 2)
         if self.cfg.o_bias:
@@ -314,6 +324,7 @@ class MLP(nnx.Module):
         self.gelu = cfg.architecture in GEMMA_ARCHITECTURES
         self.quant_format = None  # quantize(fmt) swaps the projections for 8-bit values + scales
         self.fused = False  # fuse_projections() joins gate/up into gate_up_proj
+        self.out_in = False  # lowp_dots.hold_out_in: weights held output axes first
 
     def add_lora(self, rngs: nnx.Rngs) -> None:
         e, f = self.sizes
@@ -339,22 +350,22 @@ class MLP(nnx.Module):
     def __call__(self, x_BTE):
         dt = x_BTE.dtype
         if self.fused:
-            gate_up_BT2F = _project(self, "gate_up_proj", "bte,egf->btgf", x_BTE, dt)
+            gate_up_BT2F = _project(self, "gate_up_proj", x_BTE, dt)
             h_BTF = self._act(gate_up_BT2F[:, :, 0]) * gate_up_BT2F[:, :, 1]
-            return _project(self, "down_proj", "btf,fe->bte", h_BTF, dt)
+            return _project(self, "down_proj", h_BTF, dt)
         adapted = any(t in ("gate", "up", "down") for t in self.lora.targets) and self.lora.rank
-        if not adapted and self.quant_format is None and not self.gelu:
+        if not adapted and self.quant_format is None and not self.gelu and not self.out_in:
             w = (self.gate_proj[...], self.up_proj[...], self.down_proj[...])
             return swiglu(x_BTE, *(p.astype(dt) for p in w))
         # with adapters, 8-bit weights or GeGLU: the plain expression (autodiff; the base
         # weights of adapters and 8-bit weights get no gradient)
-        gate_BTF = _project(self, "gate_proj", "bte,ef->btf", x_BTE, dt)
-        up_BTF = _project(self, "up_proj", "bte,ef->btf", x_BTE, dt)
+        gate_BTF = _project(self, "gate_proj", x_BTE, dt)
+        up_BTF = _project(self, "up_proj", x_BTE, dt)
         if adapted:
             gate_BTF = gate_BTF + lora.delta(self, self.lora, "gate", x_BTE, 1)
             up_BTF = up_BTF + lora.delta(self, self.lora, "up", x_BTE, 1)
         h_BTF = self._act(gate_BTF) * up_BTF
-        out_BTE = _project(self, "down_proj", "btf,fe->bte", h_BTF, dt)
+        out_BTE = _project(self, "down_proj", h_BTF, dt)
         if adapted:
             out_BTE = out_BTE + lora.delta(self, self.lora, "down", h_BTF, 1)
         return out_BTE
@@ -484,6 +495,20 @@ class Transformer(nnx.Module):
             layer.attn.fuse_projections()
             if not layer.sparse:
                 layer.mlp.fuse_projections()
+        return self
+
+    def hold_out_in(self) -> Transformer:
+        """The copy a `JaxEngine` on CPU devices decodes with (2-byte weights): every decoder
+        layer's dense projections held output axes first, contracted axes last, in place
+        (`lowp_dots.hold_out_in`; 8-bit ones keep their layout). Inference only."""
+        if self.cfg.lora.enabled:
+            raise ValueError("hold_out_in: the model has LoRA adapters, which read the base "
+                             "projections in their own layout")
+        for layer in self.layers:
+            for module in (layer.attn,) if layer.sparse else (layer.attn, layer.mlp):
+                if module.quant_format is None and not module.out_in:
+                    lowp_dots.hold_out_in(module, {n: SPECS[n] for n in SPECS
+                                                   if hasattr(module, n)})
         return self
 
     def _embed(self, tokens_BT):
