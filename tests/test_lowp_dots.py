@@ -140,8 +140,12 @@ def test_cpu_decode_reads_the_tied_embedding_in_place(monkeypatch):
     ours = entry(_engine(monkeypatch, "cpu"))
     assert widened not in ours and transposed not in ours
     monkeypatch.setattr(lowp_dots, "take_rows", operator.getitem)
-    monkeypatch.setattr(lowp_dots, "table_logits", lambda x, t: jnp.einsum(
-        "bte,ve->btv", x, t.astype(x.dtype), preferred_element_type=jnp.float32))
+    def plain_logits(x, table, vocab_major=False):
+        out = jnp.einsum("bte,ve->btv", x, table.astype(x.dtype),
+                         preferred_element_type=jnp.float32)
+        return jnp.transpose(out, (2, 0, 1)) if vocab_major else out
+
+    monkeypatch.setattr(lowp_dots, "table_logits", plain_logits)
     plain = entry(_engine(monkeypatch, "cpu"))
     assert widened in plain and transposed in plain, (
         "XLA:CPU no longer widens a bf16 gather or copies a dot's transposed right operand: "

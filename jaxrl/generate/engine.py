@@ -532,16 +532,20 @@ class JaxEngine:
         act_B = st.active_B
         h_B1E, cache, experts_LB1K = model.decode_hidden_routed(
             st.tokens_B[:, None], st.cache, num_valid_B=act_B.astype(jnp.int32))
-        logits_B1V = model.logits(h_B1E)
+        # on CPU a tied lm head makes the logits [V, B] and the sampler reads them so
+        # (lowp_dots.table_logits); a transpose would be a pass over them every step
+        vm = lowp_dots.active() and self.cfg.tie_embeddings
+        logits = model.logits(h_B1E, vocab_major=vm)[:, :, 0] if vm else model.logits(h_B1E)[:, 0]
         keys_B = jax.vmap(lambda d, t: jax.random.fold_in(
             jax.random.wrap_key_data(d, impl="threefry2x32"), t))(st.key_data_B2,
                                                                   st.num_generated_B)
-        logits_BV = jax.lax.cond(  # min_tokens: no stop id before the sample's minimum length
+        logits = jax.lax.cond(  # min_tokens: no stop id before the sample's minimum length
             jnp.any(st.num_generated_B < st.min_tokens_B),
-            lambda x: ban_stop_ids(x, st.stop_ids_BS, st.num_generated_B < st.min_tokens_B),
-            lambda x: x, logits_B1V[:, 0])
-        tok_B, logp_B = sample_tokens(logits_BV, keys_B, st.temperature_B, st.top_k_B,
-                                      st.top_p_B)
+            lambda x: ban_stop_ids(x, st.stop_ids_BS, st.num_generated_B < st.min_tokens_B,
+                                   vocab_major=vm),
+            lambda x: x, logits)
+        tok_B, logp_B = sample_tokens(logits, keys_B, st.temperature_B, st.top_k_B, st.top_p_B,
+                                      vocab_major=vm)
         tok_B = jnp.where(act_B, tok_B, st.tokens_B)
         num_B = st.num_generated_B + act_B.astype(jnp.int32)
         stop_B = act_B & jnp.any(tok_B[:, None] == st.stop_ids_BS, axis=-1)

@@ -195,7 +195,7 @@ def _argmax(x_BV):
     return jnp.min(jnp.where(x_BV == max_B1, iota_V[None, :], x_BV.shape[-1]), axis=-1)
 
 
-def top_candidates(x_BV, k: int, block: int | None = None):
+def top_candidates(x_BV, k: int, block: int | None = None, *, vocab_major: bool = False):
     """The `k` largest values of each row in descending order, and their indices.
 
     Equal to `lax.top_k` in values; faster on CPU for a wide row: the row is cut into blocks of
@@ -206,18 +206,29 @@ def top_candidates(x_BV, k: int, block: int | None = None):
     The two searches cover `v / block` block maxima and `k * block` pooled entries, so by
     default `block` is the power of two at or above `sqrt(v / k)`: 32 for a 32,000-entry
     vocabulary and k = 64 (XLA:CPU's two TopK calls 0.96 ms a step at batch 32, 1.20 with
-    128-entry blocks), 64 for 151,936 entries.
+    128-entry blocks), 64 for 151,936 entries. `vocab_major`: `x` is given `[V, B]` and read
+    in place (the results are still `[B, k]`).
     """
-    b, v = x_BV.shape
+    b, v = x_BV.shape[::-1] if vocab_major else x_BV.shape
     if block is None:
         block = 1 << max(0, math.ceil(math.log2(math.sqrt(v / k))))
     n = -(-v // block)
     if n < 2 * k:  # too few blocks for the two-level search to pay
-        return jax.lax.top_k(x_BV, k)
+        return jax.lax.top_k(x_BV.T if vocab_major else x_BV, k)
     pad = n * block - v
-    blocks_BNW = jnp.pad(x_BV, ((0, 0), (0, pad)), constant_values=_NEG_INF).reshape(b, n, block)
-    _, blk_BK = jax.lax.top_k(jnp.max(blocks_BNW, axis=-1), k)
-    pool_BP = jnp.take_along_axis(blocks_BNW, blk_BK[:, :, None], axis=1).reshape(b, k * block)
+    if vocab_major:
+        blocks_NWB = jnp.pad(x_BV, ((0, pad), (0, 0)), constant_values=_NEG_INF).reshape(
+            n, block, b)
+        _, blk_BK = jax.lax.top_k(jnp.max(blocks_NWB, axis=1).T, k)
+        pool_BKW = blocks_NWB[blk_BK[:, :, None], jnp.arange(block)[None, None, :],
+                              jnp.arange(b)[:, None, None]]
+        pool_BP = pool_BKW.reshape(b, k * block)
+    else:
+        blocks_BNW = jnp.pad(x_BV, ((0, 0), (0, pad)), constant_values=_NEG_INF).reshape(
+            b, n, block)
+        _, blk_BK = jax.lax.top_k(jnp.max(blocks_BNW, axis=-1), k)
+        pool_BP = jnp.take_along_axis(blocks_BNW, blk_BK[:, :, None], axis=1).reshape(
+            b, k * block)
     vals_BK, pos_BK = jax.lax.top_k(pool_BP, k)
     idx_BK = jnp.take_along_axis(blk_BK, pos_BK // block, axis=1) * block + pos_BK % block
     # XLA:CPU keeps a `top_k` as its fast TopK call only while every user slices the first `k`
@@ -237,7 +248,8 @@ def _full_row(logits_BV, u_B, temperature_B, top_k_B, top_p_B):
     return tokens_B, jnp.take_along_axis(x_BV, tokens_B[:, None], axis=-1)[:, 0] - lse_B
 
 
-def _from_candidates(logits_BV, u_B, temperature_B, top_BK, idx_BK, threshold_B1):
+def _from_candidates(logits_BV, u_B, temperature_B, top_BK, idx_BK, threshold_B1,
+                     vocab_axis: int = -1):
     """Sample from the candidates alone: every kept entry is one of them (see `sample_tokens`).
 
     The draw is the one `_full_row` makes: the kept entry where the mass, in vocabulary order,
@@ -251,20 +263,22 @@ def _from_candidates(logits_BV, u_B, temperature_B, top_BK, idx_BK, threshold_B1
     before_BK = jnp.sum(jnp.where(ahead_BKK, weights_BK[:, None, :], 0.0), axis=-1)
     # the last kept entry (in vocabulary order) whose mass ahead is within the threshold
     hit_BK = (weights_BK > 0) & (before_BK <= (u_B * total_B)[:, None])
-    v = logits_BV.shape[-1]
+    v = logits_BV.shape[vocab_axis]
     sampled_B = jnp.max(jnp.where(hit_BK, idx_BK, -1), axis=-1)
     pick_BK = idx_BK == sampled_B[:, None]
     logp_B = (jnp.sum(jnp.where(pick_BK, top_BK, 0.0), axis=-1)
               - top_BK[:, 0] - jnp.log(total_B))
     # greedy rows: the first index of the maximum, with the untransformed model log-probability
     argmax_B = jnp.min(jnp.where(top_BK == top_BK[:, :1], idx_BK, v), axis=-1)
-    lse_B = jax.lax.cond(jnp.any(greedy_B), lambda x: jax.nn.logsumexp(x, axis=-1),
-                         lambda x: jnp.zeros(x.shape[:1], x.dtype), logits_BV.astype(jnp.float32))
+    lse_B = jax.lax.cond(jnp.any(greedy_B), lambda x: jax.nn.logsumexp(x, axis=vocab_axis),
+                         lambda x: jnp.zeros(top_BK.shape[:1], x.dtype),
+                         logits_BV.astype(jnp.float32))
     greedy_logp_B = top_BK[:, 0] - lse_B
     return jnp.where(greedy_B, argmax_B, sampled_B), jnp.where(greedy_B, greedy_logp_B, logp_B)
 
 
-def sample_tokens(logits_BV, keys_B, temperature_B, top_k_B, top_p_B, *, candidates: int = 64):
+def sample_tokens(logits_BV, keys_B, temperature_B, top_k_B, top_p_B, *, candidates: int = 64,
+                  vocab_major: bool = False):
     """Sample one token per row; returns `(tokens_B int32, logprobs_B f32)`.
 
     `keys_B` is a batch of typed PRNG keys (one per row). Sampling is by inverse CDF (in
@@ -273,16 +287,26 @@ def sample_tokens(logits_BV, keys_B, temperature_B, top_k_B, top_p_B, *, candida
     entry outside the row's `candidates` largest can be kept, only those candidates are
     touched after they are found (a fast path: the same tokens, without passes over the whole
     row); otherwise the whole transformed row is sampled.
+
+    `vocab_major`: the logits are given `[V, B]` (a CPU engine's tied lm head makes them so,
+    `lowp_dots.table_logits`): the candidates are found reading them in place, and only a batch
+    that samples whole rows transposes them. The candidates are the largest logits, divided by
+    the temperature afterwards: dividing by a positive number keeps their order.
     """
-    v = logits_BV.shape[-1]
+    axis = 0 if vocab_major else -1
+    v = logits_BV.shape[axis]
     kk = min(candidates, v)
     u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_B)
     sampling_B = temperature_B > 0
-    full_row = functools.partial(_full_row, logits_BV, u_B, temperature_B, top_k_B, top_p_B)
+
+    def full_row():  # in a branch: a vocab-major batch is transposed only when it gets here
+        rows_BV = logits_BV.T if vocab_major else logits_BV
+        return _full_row(rows_BV, u_B, temperature_B, top_k_B, top_p_B)
 
     def candidates_or_full_row():
-        x_BV = logits_BV.astype(jnp.float32) / jnp.where(sampling_B, temperature_B, 1.0)[:, None]
-        top_BK, idx_BK = top_candidates(x_BV, kk)
+        top_BK, idx_BK = top_candidates(logits_BV.astype(jnp.float32), kk,
+                                        vocab_major=vocab_major)
+        top_BK = top_BK / jnp.where(sampling_B, temperature_B, 1.0)[:, None]
         threshold_B1, _ = _threshold(top_BK, top_BK, jnp.where(sampling_B, top_k_B, kk),
                                      top_p_B)
         # nothing outside the candidates is kept: the kept set ends above their smallest value
@@ -292,18 +316,21 @@ def sample_tokens(logits_BV, keys_B, temperature_B, top_k_B, top_p_B, *, candida
         return jax.lax.cond(
             (kk == v) | jnp.all(inside_B),
             lambda: _from_candidates(logits_BV, u_B, temperature_B, top_BK, idx_BK,
-                                     threshold_B1),
+                                     threshold_B1, axis),
             full_row)
 
     eligible = jnp.any(sampling_B) & jnp.all(~sampling_B | ((top_k_B > 0) & (top_k_B <= kk)))
     return jax.lax.cond(eligible, candidates_or_full_row, full_row)
 
 
-def ban_stop_ids(logits_BV, stop_ids_BS, ban_B):
-    """`logits_BV` with each banned row's stop ids (-1 padded) set to -inf (`min_tokens`)."""
-    v = logits_BV.shape[-1]
-    rows_BS = jnp.broadcast_to(jnp.arange(logits_BV.shape[0])[:, None], stop_ids_BS.shape)
+def ban_stop_ids(logits_BV, stop_ids_BS, ban_B, *, vocab_major: bool = False):
+    """`logits_BV` with each banned row's stop ids (-1 padded) set to -inf (`min_tokens`);
+    `vocab_major`: given and returned `[V, B]`."""
+    v = logits_BV.shape[0 if vocab_major else -1]
+    rows_BS = jnp.broadcast_to(jnp.arange(ban_B.shape[0])[:, None], stop_ids_BS.shape)
     cols_BS = jnp.where(ban_B[:, None] & (stop_ids_BS >= 0), stop_ids_BS, v)  # v: dropped
+    if vocab_major:
+        return logits_BV.at[cols_BS, rows_BS].set(_NEG_INF, mode="drop")
     return logits_BV.at[rows_BS, cols_BS].set(_NEG_INF, mode="drop")
 
 

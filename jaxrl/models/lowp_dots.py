@@ -86,15 +86,16 @@ def take_rows(table, idx):
     return jax.lax.bitcast_convert_type(rows, table.dtype)
 
 
-def table_logits(x_BTE, table_VE):
+def table_logits(x_BTE, table_VE, *, vocab_major: bool = False):
     """f32 logits `x @ table.T` for a `[V, E]` table (a tied lm head), for `wide_results`: computed
     as `table @ x.T` and transposed back. XLA:CPU's library dot wants its right operand `[E, V]` in
     memory, so `x @ table.T` copies the whole table once per chunk call (hoisted out of the decode
     loop); with the table on the left the dot reads it in place, and for a decode step's few rows
-    that form is also the faster one (docs/design.md has the times)."""
+    that form is also the faster one (docs/design.md has the times). `vocab_major`: returned as
+    the dot makes them, `[V, B, T]`, for a caller that reads them so (the decode step's sampler)."""
     w = table_VE.astype(x_BTE.dtype)
     logits_VBT = jnp.einsum("ve,bte->vbt", w, x_BTE, preferred_element_type=jnp.float32)
-    return jnp.transpose(logits_VBT, (1, 2, 0))
+    return logits_VBT if vocab_major else jnp.transpose(logits_VBT, (1, 2, 0))
 
 
 def out_in_spec(spec: str) -> tuple[str, tuple[int, ...]]:

@@ -553,14 +553,17 @@ class Transformer(nnx.Module):
             return self.embed[...].astype(dtype).T
         return self.lm_head[...].astype(dtype)
 
-    def logits(self, h_BTE):
+    def logits(self, h_BTE, *, vocab_major: bool = False):
         """Project hidden states to float32 vocabulary logits (soft-capped by
-        `cfg.final_logit_softcap`, Gemma 2)."""
+        `cfg.final_logit_softcap`, Gemma 2); `vocab_major`: as `[V, B, T]` (read in place only
+        by a generator on CPU with a tied lm head; otherwise transposed)."""
         if self.cfg.tie_embeddings and lowp_dots.active():  # a generator on CPU
-            logits_BTV = lowp_dots.table_logits(h_BTE, self.embed[...])
-        else:
-            w_EV = self.head_weight(h_BTE.dtype)
-            logits_BTV = jnp.einsum("bte,ev->btv", h_BTE, w_EV, preferred_element_type=jnp.float32)
+            logits = lowp_dots.table_logits(h_BTE, self.embed[...], vocab_major=vocab_major)
+            return soft_cap(logits, self.cfg.final_logit_softcap)
+        if vocab_major:
+            return jnp.transpose(self.logits(h_BTE), (2, 0, 1))
+        w_EV = self.head_weight(h_BTE.dtype)
+        logits_BTV = jnp.einsum("bte,ev->btv", h_BTE, w_EV, preferred_element_type=jnp.float32)
         return soft_cap(logits_BTV, self.cfg.final_logit_softcap)
 
     def __call__(self, tokens_BT, positions_BT=None, segment_ids_BT=None):

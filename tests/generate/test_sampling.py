@@ -8,6 +8,7 @@ import pytest
 from jaxrl.generate import sampling
 from jaxrl.generate.sampling import (
     SamplingParams,
+    ban_stop_ids,
     sample_key,
     sample_tokens,
     seed_key_data,
@@ -75,6 +76,18 @@ def test_top_candidates_equal_lax_top_k(width):
     # the same indices, except where equal values may come in either order
     unique = np.array([[np.sum(row == v) == 1 for v in row] for row in vals])
     np.testing.assert_array_equal(idx[unique], want_idx[unique])
+    vm_vals, vm_idx = top_candidates(x.T, 64, vocab_major=True)  # [V, B] read in place
+    np.testing.assert_array_equal(np.asarray(vm_vals), vals)
+    np.testing.assert_array_equal(np.asarray(vm_idx), idx)
+
+
+def test_ban_stop_ids_vocab_major_bans_the_same_entries():
+    x = jax.random.normal(jax.random.key(0), (3, 10))
+    stops, ban = jnp.asarray([[2, 9, -1]] * 3), jnp.asarray([True, False, True])
+    want = np.asarray(ban_stop_ids(x, stops, ban))
+    assert np.isneginf(want[[0, 0, 2, 2], [2, 9, 2, 9]]).all() and np.isfinite(want[1]).all()
+    np.testing.assert_array_equal(np.asarray(ban_stop_ids(x.T, stops, ban, vocab_major=True)),
+                                  want.T)
 
 
 def test_top_candidates_with_ties_find_the_largest_values():
@@ -117,12 +130,14 @@ def _assert_draws_are_defined(logits, t, k, p, seed):
     """`sample_tokens` on these rows draws, row by row, `_reference_draw`'s token."""
     keys = jax.vmap(lambda i: sample_key(seed_key_data(seed), 0, i))(jnp.arange(len(t)))
     u = np.asarray(jax.vmap(lambda key: jax.random.uniform(key, (), jnp.float32))(keys))
-    toks, lps = sample_tokens(jnp.asarray(logits), keys, jnp.asarray(t), jnp.asarray(k),
-                              jnp.asarray(p))
-    for i in range(len(t)):
-        want_tok, want_lp = _reference_draw(logits[i], u[i], t[i], k[i], p[i])
-        assert int(toks[i]) == want_tok, (i, t[i], k[i], p[i])
-        np.testing.assert_allclose(float(lps[i]), want_lp, rtol=1e-5, atol=1e-5)
+    args = keys, jnp.asarray(t), jnp.asarray(k), jnp.asarray(p)
+    for vocab_major in (False, True):  # [B, V], and [V, B] as a CPU engine's lm head gives them
+        given = jnp.asarray(logits.T if vocab_major else logits)
+        toks, lps = sample_tokens(given, *args, vocab_major=vocab_major)
+        for i in range(len(t)):
+            want_tok, want_lp = _reference_draw(logits[i], u[i], t[i], k[i], p[i])
+            assert int(toks[i]) == want_tok, (vocab_major, i, t[i], k[i], p[i])
+            np.testing.assert_allclose(float(lps[i]), want_lp, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("width", [50, 20000])  # candidates = the whole row; two levels
