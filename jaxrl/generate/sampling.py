@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl.models import lowp_dots
+
 _KEY_IMPL = "threefry2x32"
 _NEG_INF = -jnp.inf
 
@@ -204,14 +206,15 @@ def top_candidates(x_BV, k: int, block: int | None = None, *, vocab_major: bool 
     maximum than the `k`-th block's). Among equal values the indices chosen may differ.
 
     The two searches cover `v / block` block maxima and `k * block` pooled entries, so by
-    default `block` is the power of two at or above `sqrt(v / k)`: 32 for a 32,000-entry
-    vocabulary and k = 64 (XLA:CPU's two TopK calls 0.96 ms a step at batch 32, 1.20 with
-    128-entry blocks), 64 for 151,936 entries. `vocab_major`: `x` is given `[V, B]` and read
-    in place (the results are still `[B, k]`).
+    default a CPU engine's step (`lowp_dots.active()`) takes `block` as the power of two at or
+    above `sqrt(v / k)`: 32 for a 32,000-entry vocabulary and k = 64 (XLA:CPU's two TopK calls
+    0.96 ms a step at batch 32, 1.20 with 128-entry blocks), 64 for 151,936 entries. Elsewhere
+    it is 128 (not measured on GPU / TPU, so their lowering is kept). `vocab_major`: `x` is
+    given `[V, B]` and read in place (the results are still `[B, k]`).
     """
     b, v = x_BV.shape[::-1] if vocab_major else x_BV.shape
     if block is None:
-        block = 1 << max(0, math.ceil(math.log2(math.sqrt(v / k))))
+        block = 1 << max(0, math.ceil(math.log2(math.sqrt(v / k)))) if lowp_dots.active() else 128
     n = -(-v // block)
     if n < 2 * k:  # too few blocks for the two-level search to pay
         return jax.lax.top_k(x_BV.T if vocab_major else x_BV, k)

@@ -15,6 +15,7 @@ from jaxrl.generate.sampling import (
     top_candidates,
     transform_logits,
 )
+from jaxrl.models import lowp_dots
 
 
 def _hf_transform(logits, temperature, top_k, top_p):
@@ -65,10 +66,13 @@ def test_transform_of_a_wide_row_matches_transformers_processors():
         np.testing.assert_allclose(out[i][finite], want[finite], rtol=1e-6, err_msg=str(row))
 
 
+@pytest.mark.parametrize("cpu_engine", [False, True])  # blocks of 128; the CPU engine's size
 @pytest.mark.parametrize("width", [97, 32000, 30001, 151936])  # plain top_k; blocks; padded
-def test_top_candidates_equal_lax_top_k(width):
+def test_top_candidates_equal_lax_top_k(width, cpu_engine):
     x = jax.random.normal(jax.random.key(width), (5, width)) * 3
-    vals, idx = top_candidates(x, 64)
+    with lowp_dots.wide_results(cpu_engine):
+        vals, idx = top_candidates(x, 64)
+        vm_vals, vm_idx = top_candidates(x.T, 64, vocab_major=True)  # [V, B] read in place
     want_vals, want_idx = jax.lax.top_k(x, 64)
     vals, idx, want_idx = np.asarray(vals), np.asarray(idx), np.asarray(want_idx)
     np.testing.assert_array_equal(vals, np.asarray(want_vals))
@@ -76,7 +80,6 @@ def test_top_candidates_equal_lax_top_k(width):
     # the same indices, except where equal values may come in either order
     unique = np.array([[np.sum(row == v) == 1 for v in row] for row in vals])
     np.testing.assert_array_equal(idx[unique], want_idx[unique])
-    vm_vals, vm_idx = top_candidates(x.T, 64, vocab_major=True)  # [V, B] read in place
     np.testing.assert_array_equal(np.asarray(vm_vals), vals)
     np.testing.assert_array_equal(np.asarray(vm_idx), idx)
 
