@@ -27,10 +27,11 @@ from flax import nnx
 
 from jaxrl.config import ModelConfig
 from jaxrl.config.sections import GEMMA_ARCHITECTURES
-from jaxrl.models import lora, lowp_dots, quant
+from jaxrl.models import lora, lowp_dots
 from jaxrl.models.attention import attention, soft_cap
 from jaxrl.models.kv_cache import DTYPES, KVCache
 from jaxrl.models.moe import MoE
+from jaxrl.models.projections import SPECS, check_fusable, project, quantize_projections
 from jaxrl.models.remat import remat_call
 from jaxrl.models.swiglu import swiglu
 
@@ -143,54 +144,6 @@ def apply_rope(x_BTHD, rope):
     return out.astype(x_BTHD.dtype)
 
 
-# each projection's einsum: the input's subscripts, the weight's, the output's
-SPECS = {"q_proj": "bte,ehd->bthd", "k_proj": "bte,ekd->btkd", "v_proj": "bte,ekd->btkd",
-         "qkv_proj": "bte,ekgd->btkgd", "o_proj": "bthd,hde->bte", "gate_proj": "bte,ef->btf",
-         "up_proj": "bte,ef->btf", "gate_up_proj": "bte,egf->btgf", "down_proj": "btf,fe->bte"}
-
-
-def _project(module, name: str, x, dt):
-    """`einsum(SPECS[name], x, module.<name>)` with the weight in `dt`; a quantized module's
-    weight is read in its 8-bit format and its per-output-channel scale (`<name>_scale`)
-    applied to the result (`jaxrl.models.quant.quantized_einsum`); a module holding its weights
-    output axes first (`lowp_dots.hold_out_in`) contracts them in that order."""
-    w, spec = getattr(module, name)[...], SPECS[name]
-    if module.quant_format is not None:
-        return quant.quantized_einsum(spec, x.astype(dt), w,
-                                      getattr(module, f"{name}_scale")[...], module.quant_format)
-    if module.out_in:
-        return lowp_dots.einsum_out_in(lowp_dots.out_in_spec(spec)[0], x, w.astype(dt))
-    return lowp_dots.einsum(spec, x, w.astype(dt))
-
-
-def _quantize_projections(module, contracted: dict[str, int], fmt: str) -> None:
-    """Replace each named projection (its first n axes contracted) by its values in the 8-bit
-    format `fmt` (`jaxrl.models.quant.FORMATS`) and add `<name>_scale`, whose logical axes are
-    the projection's output axes; with "w8a8" or "fp8" the forward pass quantizes each
-    projection's input per token too."""
-    quant.check_format(fmt)
-    if module.quant_format is not None:
-        raise ValueError(f"{type(module).__name__} is already quantized ({module.quant_format})")
-    for name, n in contracted.items():
-        param = getattr(module, name)
-        axes = param.get_metadata()["logical_axes"]
-        q, scale = quant.quantize_weight(param[...], n, fmt)
-        setattr(module, name, nnx.Param(q, logical_axes=axes))
-        setattr(module, f"{name}_scale", nnx.Param(scale, logical_axes=axes[n:]))
-    module.quant_format = fmt
-
-
-def _check_fusable(module, lora_enabled: bool) -> None:
-    name = type(module).__name__
-    if module.fused:
-        raise ValueError(f"{name}'s projections are already fused")
-    if module.quant_format is not None:
-        raise ValueError(f"{name} is quantized: fuse the projections before quantize()")
-    if lora_enabled:
-        raise ValueError(f"{name} has LoRA adapters: fused projections take no adapters (merge "
-                         "them first; multi-adapter decode needs the unfused layout)")
-
-
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, window: int | None = None):
         e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_size
@@ -235,13 +188,13 @@ class Attention(nnx.Module):
     def quantize(self, fmt: str) -> None:
         """Hold q/k/v/o in the 8-bit `fmt` with per-output-channel scales (`jaxrl.models.quant`)."""
         inputs = {"qkv_proj": 1} if self.fused else {"q_proj": 1, "k_proj": 1, "v_proj": 1}
-        _quantize_projections(self, {**inputs, "o_proj": 2}, fmt)
+        quantize_projections(self, {**inputs, "o_proj": 2}, fmt)
 
     def fuse_projections(self) -> None:
         """Join q/k/v (and their biases) into one `qkv_proj [E, K, G+2, D]` (G = H/K query heads
         per kv head): per kv head, its G query heads, then its key, then its value, so one dot
         computes all three and a `kv_heads` shard holds whole groups. Inference only."""
-        _check_fusable(self, self.cfg.lora.enabled)
+        check_fusable(self, self.cfg.lora.enabled)
         h, k = self.cfg.num_heads, self.cfg.num_kv_heads
 
         def join(q, k_, v, axis):  # q [..., H, D] -> [..., K, G, D]; k, v [..., K, 1, D]
@@ -260,7 +213,7 @@ class Attention(nnx.Module):
     def _fused_qkv(self, x_BTE):
         """q, k, v from the one `qkv_proj` dot (`fuse_projections`)."""
         dt = x_BTE.dtype
-        out_BTKGD = _project(self, "qkv_proj", x_BTE, dt)
+        out_BTKGD = project(self, "qkv_proj", x_BTE, dt)
         if self.cfg.qkv_bias:
             out_BTKGD = out_BTKGD + self.qkv_bias[...].astype(dt)[None, None]
         b, t, _, g2, d = out_BTKGD.shape
@@ -274,9 +227,9 @@ class Attention(nnx.Module):
             if self.cfg.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
             return apply_rope(q, rope), apply_rope(k, rope), v
-        q = _project(self, "q_proj", x_BTE, dt)
-        k = _project(self, "k_proj", x_BTE, dt)
-        v = _project(self, "v_proj", x_BTE, dt)
+        q = project(self, "q_proj", x_BTE, dt)
+        k = project(self, "k_proj", x_BTE, dt)
+        v = project(self, "v_proj", x_BTE, dt)
         if ad.enabled:
             q = q + lora.delta(self, ad, "q", x_BTE, 1)
             k = k + lora.delta(self, ad, "k", x_BTE, 1)
@@ -296,7 +249,7 @@ class Attention(nnx.Module):
         return self._out(out_BTHD, x_BTE.dtype)
 
     def _out(self, out_BTHD, dt):
-        out_BTE = _project(self, "o_proj", out_BTHD, dt)
+        out_BTE = project(self, "o_proj", out_BTHD, dt)
         if self.cfg.lora.enabled:
             out_BTE = out_BTE + lora.delta(self, self.cfg.lora, "o", out_BTHD.astype(dt), 2)
         if self.cfg.o_bias:
@@ -336,12 +289,12 @@ class MLP(nnx.Module):
         """Hold gate/up/down in the 8-bit `fmt` with per-output-channel scales
         (`jaxrl.models.quant`)."""
         inputs = {"gate_up_proj": 1} if self.fused else {"gate_proj": 1, "up_proj": 1}
-        _quantize_projections(self, {**inputs, "down_proj": 1}, fmt)
+        quantize_projections(self, {**inputs, "down_proj": 1}, fmt)
 
     def fuse_projections(self) -> None:
         """Join gate and up into one `gate_up_proj [E, 2, F]` (one dot for both; an `mlp` shard
         holds both halves of its slice). Inference only."""
-        _check_fusable(self, bool(self.lora.enabled))
+        check_fusable(self, bool(self.lora.enabled))
         gate_up = jnp.stack([self.gate_proj[...], self.up_proj[...]], axis=1)
         self.gate_up_proj = nnx.Param(gate_up, logical_axes=("embed", None, "mlp"))
         del self.gate_proj, self.up_proj
@@ -350,22 +303,22 @@ class MLP(nnx.Module):
     def __call__(self, x_BTE):
         dt = x_BTE.dtype
         if self.fused:
-            gate_up_BT2F = _project(self, "gate_up_proj", x_BTE, dt)
+            gate_up_BT2F = project(self, "gate_up_proj", x_BTE, dt)
             h_BTF = self._act(gate_up_BT2F[:, :, 0]) * gate_up_BT2F[:, :, 1]
-            return _project(self, "down_proj", h_BTF, dt)
+            return project(self, "down_proj", h_BTF, dt)
         adapted = any(t in ("gate", "up", "down") for t in self.lora.targets) and self.lora.rank
         if not adapted and self.quant_format is None and not self.gelu and not self.out_in:
             w = (self.gate_proj[...], self.up_proj[...], self.down_proj[...])
             return swiglu(x_BTE, *(p.astype(dt) for p in w))
         # with adapters, 8-bit weights or GeGLU: the plain expression (autodiff; the base
         # weights of adapters and 8-bit weights get no gradient)
-        gate_BTF = _project(self, "gate_proj", x_BTE, dt)
-        up_BTF = _project(self, "up_proj", x_BTE, dt)
+        gate_BTF = project(self, "gate_proj", x_BTE, dt)
+        up_BTF = project(self, "up_proj", x_BTE, dt)
         if adapted:
             gate_BTF = gate_BTF + lora.delta(self, self.lora, "gate", x_BTE, 1)
             up_BTF = up_BTF + lora.delta(self, self.lora, "up", x_BTE, 1)
         h_BTF = self._act(gate_BTF) * up_BTF
-        out_BTE = _project(self, "down_proj", h_BTF, dt)
+        out_BTE = project(self, "down_proj", h_BTF, dt)
         if adapted:
             out_BTE = out_BTE + lora.delta(self, self.lora, "down", h_BTF, 1)
         return out_BTE
