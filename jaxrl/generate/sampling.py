@@ -216,7 +216,7 @@ def top_candidates(x_BV, k: int, block: int | None = None, *, vocab_major: bool 
     if block is None:
         block = 1 << max(0, math.ceil(math.log2(math.sqrt(v / k)))) if lowp_dots.active() else 128
     n = -(-v // block)
-    if n < 2 * k:  # too few blocks for the two-level search to pay
+    if n < 2 * k or block < 16:  # too few blocks, or too small, for the two levels to pay
         return jax.lax.top_k(x_BV.T if vocab_major else x_BV, k)
     pad = n * block - v
     if vocab_major:
