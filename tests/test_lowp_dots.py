@@ -212,3 +212,31 @@ def test_a_cpu_engine_holds_its_bf16_projections_out_in(monkeypatch):
         np.testing.assert_allclose(logp, want_logp, atol=2e-2)
     assert not _engine(monkeypatch, "cpu", create_model(_cfg(dtype="float32",
                                                             param_dtype="float32"))).out_in
+
+
+def test_a_cpu_prefill_holds_its_rotations_as_constants(monkeypatch):
+    """A CPU engine's prefill takes the prompt's rotary tables as constants
+    (`prompt_rope_tables`): computed in the step, XLA:CPU fuses cos and sin into every head's
+    rotation and evaluates them per head. The prefix is the one an in-step table gives: the
+    cache and the last logits equal, and those logits equal the plain forward pass's."""
+    tokens, lengths = np.array([[5, 9, 17, 2], [40, 3, 0, 0]], np.int32), np.array([4, 2])
+
+    def prefill(engine):
+        fn = engine._prefill_rows_fn
+        txt = fn.lower(engine.params, tokens, lengths).compile().as_text()
+        return txt.count("cosine("), fn(engine.params, tokens, lengths)
+
+    model = create_model(_cfg(num_layers=2), seed=0)
+    n_cos, ours = prefill(_engine(monkeypatch, "cpu", model))
+    plain_engine = JaxEngine(model, num_slots=2, max_len=16, chunk_steps=2, prefill_buckets=[4])
+    plain_engine.wide_dots = False  # the rotations computed in the step, as off CPU
+    n_cos_plain, plain = prefill(plain_engine)
+    assert n_cos == 0 and n_cos_plain > 0, (n_cos, n_cos_plain)
+    for a, b in zip(ours, plain, strict=True):
+        for x, y in zip(a.cache.k + a.cache.v, b.cache.k + b.cache.v, strict=True):
+            np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))
+    with lowp_dots.wide_results():
+        want = jax.jit(lambda t: model(t))(tokens)
+    for r, n in enumerate(lengths):
+        np.testing.assert_allclose(np.asarray(ours[r].logits_V), np.asarray(want[r, n - 1]),
+                                   rtol=2e-2, atol=2e-2)

@@ -56,7 +56,7 @@ from jaxrl.generate.state import (  # noqa: F401 (re-exported: the engine's type
 from jaxrl.models import lowp_dots
 from jaxrl.models.moe import experts_dtype, num_sparse_layers
 from jaxrl.models.paged import PagedKVCache
-from jaxrl.models.transformer import DTYPES, KVCache, Transformer
+from jaxrl.models.transformer import DTYPES, KVCache, Transformer, prompt_rope_tables
 from jaxrl.rounding import power_of_two_parts
 from jaxrl.sharding import logical_sharding, state_shardings
 
@@ -478,7 +478,9 @@ class JaxEngine:
         # the prefix's layout is the decode cache's (pages are filled from [B, S, K, D] rows)
         cache = KVCache.init(self.cfg, n, p,
                              heads_major=False if self.kv_layout == "paged" else None)
-        hidden_NPE, cache, experts_LNPK = model.decode_hidden_routed(tokens_NP, cache, lengths_N)
+        rope = prompt_rope_tables(self.cfg, p) if self.wide_dots else None  # CPU: constants
+        hidden_NPE, cache, experts_LNPK = model.decode_hidden_routed(tokens_NP, cache, lengths_N,
+                                                                     rope)
         last_N1E = jnp.take_along_axis(hidden_NPE, (lengths_N - 1)[:, None, None], axis=1)
         logits_NV = model.logits(last_N1E)[:, 0]
         if experts_LNPK is not None:
