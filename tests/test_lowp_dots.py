@@ -240,3 +240,37 @@ def test_a_cpu_prefill_holds_its_rotations_as_constants(monkeypatch):
     for r, n in enumerate(lengths):
         np.testing.assert_allclose(np.asarray(ours[r].logits_V), np.asarray(want[r, n - 1]),
                                    rtol=2e-2, atol=2e-2)
+
+
+def test_a_cpu_decode_step_reads_its_rotations_from_a_table(monkeypatch):
+    """A CPU engine's decode step gathers its rotations from the tables of every position
+    (`table_rope`, loop-invariant: computed once per chunk call). Without them XLA:CPU
+    evaluates cos and sin inside each head's rotation at every step. Greedy decoding gives the
+    same tokens either way."""
+    import jaxrl.generate.engine as engine_module
+
+    def cosines(engine):  # the shapes of the compiled chunk's cos evaluations
+        txt = engine._chunk_fns[1].lower(engine.params, engine.init_decode_state(),
+                                         np.int32(3)).compile().as_text()
+        return re.findall(r"= f32\[([\d,]+)\]\{[\d,]*\} cosine\(", txt)
+
+    def greedy(engine):
+        state = engine.insert(engine.prefill(engine.params, [5, 9, 17]),
+                              engine.init_decode_state(), 0, engine.slot_params(
+                                  key_data=np.zeros(2, np.uint32), sample_index=0,
+                                  temperature=0.0, top_k=0, top_p=1.0, max_tokens=8,
+                                  stop_token_ids=[]))
+        tokens = []
+        for _ in range(6):
+            state, res = engine.generate(engine.params, state)
+            tokens.append(int(res.tokens_CB[1, 0]))
+        return tokens
+
+    model = create_model(_cfg(num_layers=2), seed=0)
+    ours = _engine(monkeypatch, "cpu", model)
+    assert cosines(ours) == ["1,16,4"], cosines(ours)  # the [1, max_len, D/2] table alone
+    tokens = greedy(ours)
+    monkeypatch.setattr(engine_module, "table_rope", lambda cfg, positions, max_len: None)
+    plain = _engine(monkeypatch, "cpu", model)
+    assert len(cosines(plain)) > 1, "XLA:CPU no longer fuses cos into each rotation"
+    assert greedy(plain) == tokens

@@ -56,7 +56,7 @@ from jaxrl.generate.state import (  # noqa: F401 (re-exported: the engine's type
 from jaxrl.models import lowp_dots
 from jaxrl.models.moe import experts_dtype, num_sparse_layers
 from jaxrl.models.paged import PagedKVCache
-from jaxrl.models.transformer import DTYPES, KVCache, Transformer, prompt_rope_tables
+from jaxrl.models.transformer import DTYPES, KVCache, Transformer, prompt_rope_tables, table_rope
 from jaxrl.rounding import power_of_two_parts
 from jaxrl.sharding import logical_sharding, state_shardings
 
@@ -532,10 +532,11 @@ class JaxEngine:
     def _step(self, model: Transformer, st: DecodeState):
         """One decode step for all slots; inactive slots compute but change nothing."""
         act_B = st.active_B
+        rope = (table_rope(self.cfg, st.cache.lengths_B[:, None], self.max_len)
+                if self.wide_dots else None)  # CPU: rows of a loop-invariant table
         h_B1E, cache, experts_LB1K = model.decode_hidden_routed(
-            st.tokens_B[:, None], st.cache, num_valid_B=act_B.astype(jnp.int32))
-        # on CPU a tied lm head makes the logits [V, B] and the sampler reads them so
-        # (lowp_dots.table_logits); a transpose would be a pass over them every step
+            st.tokens_B[:, None], st.cache, num_valid_B=act_B.astype(jnp.int32), rope=rope)
+        # CPU, tied head: the logits [V, B] as made and read (lowp_dots.table_logits), no transpose
         vm = lowp_dots.active() and self.cfg.tie_embeddings
         logits = model.logits(h_B1E, vocab_major=vm)[:, :, 0] if vm else model.logits(h_B1E)[:, 0]
         keys_B = jax.vmap(lambda d, t: jax.random.fold_in(

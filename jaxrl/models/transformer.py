@@ -135,6 +135,14 @@ def prompt_rope_tables(cfg: ModelConfig, length: int):
         return rope_tables(cfg, jnp.arange(length)[None, :])
 
 
+def table_rope(cfg: ModelConfig, positions_BT, max_len: int):
+    """`rope_tables(cfg, positions_BT)` read from the tables of every position below `max_len`:
+    inside a decode loop those are loop-invariant (XLA hoists them out, to be computed once per
+    call), so a step gathers rows instead of evaluating cos and sin in every head's rotation."""
+    tables = rope_tables(cfg, jnp.arange(max_len)[None, :])
+    return jax.tree.map(lambda t: t[0][positions_BT], tables)
+
+
 def layer_rope(rope, window: int | None):
     """The rotation tables a layer uses: the local ones for a sliding layer when `rope_tables`
     made two sets."""
