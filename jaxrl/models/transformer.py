@@ -138,7 +138,9 @@ def prompt_rope_tables(cfg: ModelConfig, length: int):
 def table_rope(cfg: ModelConfig, positions_BT, max_len: int):
     """`rope_tables(cfg, positions_BT)` read from the tables of every position below `max_len`:
     inside a decode loop those are loop-invariant (XLA hoists them out, to be computed once per
-    call), so a step gathers rows instead of evaluating cos and sin in every head's rotation."""
+    call), so a step gathers rows instead of evaluating cos and sin in every head's rotation.
+    The price is `max_len x D/2` evaluations a call, against `steps x rows x heads x layers x
+    D/2` in the steps: a one-step call with a very long `max_len` would pay more."""
     tables = rope_tables(cfg, jnp.arange(max_len)[None, :])
     return jax.tree.map(lambda t: t[0][positions_BT], tables)
 
