@@ -1,8 +1,10 @@
-"""Pallas kernels for jaxrl's attention hot paths (prefill and decode).
+"""Kernels for jaxrl's attention hot paths (prefill and decode).
 
-Per op a package with ``kernel.py`` (TPU Mosaic body), ``kernel_gpu.py`` (GPU Triton body),
-``ops.py`` (jitted wrapper, frozen ``BlockSizes``, backend dispatch) and ``reference.py``
-(pure jnp).
+Per Pallas op a package with ``kernel.py`` (TPU Mosaic body), ``kernel_gpu.py`` (GPU Triton
+body), ``ops.py`` (jitted wrapper, frozen ``BlockSizes``, backend dispatch) and ``reference.py``
+(pure jnp). ``cpu_decode_attention`` is the one CPU kernel: ``kernel.cc`` (C++, an XLA FFI
+custom call compiled on first use), ``ops.py`` (build, registration, the call) and
+``reference.py``.
 The folder is ``kernels/``; it installs under the import name ``jaxrl_kernels`` (``kernels`` on
 PyPI is another project's). Imports are lazy so ``import jaxrl_kernels`` costs nothing until an op
 is used.

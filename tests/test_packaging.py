@@ -35,8 +35,8 @@ print(json.dumps({"kernels": spec("kernels"), "jaxrl_kernels": spec("jaxrl_kerne
 
 
 def _sources(folder: Path) -> set[str]:
-    return {p.relative_to(folder).as_posix() for p in folder.rglob("*.py")
-            if "__pycache__" not in p.parts}
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*")
+            if p.suffix in (".py", ".cc", ".toml") and "__pycache__" not in p.parts}
 
 
 def test_installed_jaxrl_claims_no_kernels_name(tmp_path):
@@ -58,8 +58,9 @@ def test_installed_jaxrl_claims_no_kernels_name(tmp_path):
 
 def test_wheel_maps_kernels_folder_to_jaxrl_kernels(tmp_path):
     """Build the wheel from a copy of the sources: its top-level names are jaxrl and
-    jaxrl_kernels, it holds every source file of both folders, and once unpacked on sys.path (what
-    `pip install` does) `kernels` does not resolve to it while `jaxrl_kernels` does."""
+    jaxrl_kernels, it holds every source file of both folders (Python, C++, data tables), and
+    once unpacked on sys.path (what `pip install` does) `kernels` does not resolve to it while
+    `jaxrl_kernels` does."""
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
     for name in ("jaxrl", "kernels"):

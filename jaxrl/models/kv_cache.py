@@ -27,6 +27,7 @@ from jaxrl.models.attention import (
     resolve_impl,
     window_mask,
 )
+from jaxrl_kernels import cpu_decode_attention
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -177,6 +178,14 @@ class KVCache:
         if size and q_BTHD.shape[1] > 1:
             return self._ring_attend_many(layer, q_BTHD, k_BTKD, v_BTKD, positions_BT, options)
         start_B = self.lengths_B % size if size else self.lengths_B
+        if not size and self._cpu_kernel(q_BTHD, impl, options):  # write in place, attend
+            d = q_BTHD.shape[-1]
+            scale = d ** -0.5 if options.get("scale") is None else options["scale"]
+            n_B = jnp.minimum(kv_lengths_B, positions_BT[:, 0] + 1)
+            out_BHD, k_cache, v_cache = cpu_decode_attention.write_and_attend(
+                q_BTHD[:, 0], k_BTKD[:, 0], v_BTKD[:, 0], self.k[layer], self.v[layer], start_B,
+                n_B, scale)
+            return out_BHD[:, None], (k_cache, v_cache)
         if self.heads_major:
             k_cache = _write_rows(self.k[layer], k_BTKD.transpose(0, 2, 3, 1), start_B, 2)
             v_cache = _write_rows(self.v[layer], v_BTKD.transpose(0, 2, 1, 3), start_B, 1)
@@ -188,6 +197,16 @@ class KVCache:
         out_BTHD = cached_attention(q_BTHD, k_cache, v_cache, positions_BT, kv_lengths_B,
                                     impl=impl, heads_major=self.heads_major, **options)
         return out_BTHD, (k_cache, v_cache)
+
+    def _cpu_kernel(self, q_BTHD, impl: str, options) -> bool:
+        """A CPU engine's decode step (one token a row, heads-major, no window or softcap) on a
+        layer that keeps every position: `jaxrl_kernels.cpu_decode_attention` when it is built
+        (docs/design.md)."""
+        return (q_BTHD.shape[1] == 1 and self.heads_major and lowp_dots.active()
+                and resolve_impl(impl) == "xla"
+                and options.get("window") is None and options.get("softcap") is None
+                and cpu_decode_attention.supports(q_BTHD.shape[-1], self.k[0].dtype)
+                and cpu_decode_attention.available())
 
     def _ring_attend_many(self, layer, q_BTHD, k_BTKD, v_BTKD, positions_BT, options):
         """T > 1 queries of a ring layer: attend to the ring's entries and the new ones by
