@@ -66,9 +66,28 @@ inline F16 vexp(F16 x) {
 }
 
 // scores[g, j] = q[g0 + g] . k[:, j] for j in [0, n), GB queries at a time; sc rows hold n16.
+// Two 16-slot vectors a key row (one 64-byte line of bf16) per pass over the head's D rows.
 template <typename T, int GB>
 void scores(const float* q, const T* k, int g0, int n, int n16, int D, int S, float* sc) {
-  for (int j = 0; j < n16; j += L) {
+  int j = 0;
+  for (; j + 2 * L <= std::min(n16, S); j += 2 * L) {
+    F16 a0[GB] = {}, a1[GB] = {};
+    for (int d = 0; d < D; ++d) {
+      const T* row = k + size_t(d) * S + j;
+      __builtin_prefetch(row + 2 * L);
+      F16 k0 = load(row), k1 = load(row + L);
+      for (int g = 0; g < GB; ++g) {
+        const float qv = q[(g0 + g) * D + d];
+        a0[g] += qv * k0;
+        a1[g] += qv * k1;
+      }
+    }
+    for (int g = 0; g < GB; ++g) {
+      store(sc + size_t(g0 + g) * n16 + j, a0[g]);
+      store(sc + size_t(g0 + g) * n16 + j + L, a1[g]);
+    }
+  }
+  for (; j < n16; j += L) {
     const int width = std::min(L, S - j);
     F16 acc[GB] = {};
     for (int d = 0; d < D; ++d) {

@@ -107,6 +107,9 @@ def write_and_attend(q_BHD, k_new_BKD, v_new_BKD, k_cache_BKDS, v_cache_BKSD, sl
     """Write each row's new key and value at `slot_B` (clamped into the cache), then attend its
     queries (`scale`d) to its first `n_B` entries (at least one). The heads-major caches are
     updated in place where XLA can alias them. Returns `(out_BHD, k_cache, v_cache)`."""
+    if not available():
+        raise RuntimeError(f"the CPU decode attention kernel is not available here ({SWITCH}="
+                           f"{os.environ.get(SWITCH)!r}, or its build failed: see the warning)")
     b, hq, d = q_BHD.shape
     hkv, s = k_cache_BKDS.shape[1], k_cache_BKDS.shape[3]
     if k_cache_BKDS.shape != (b, hkv, d, s) or v_cache_BKSD.shape != (b, hkv, s, d):

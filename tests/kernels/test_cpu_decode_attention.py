@@ -114,3 +114,19 @@ def test_a_build_is_cached_by_its_inputs(monkeypatch, tmp_path):
         assert os.stat(first).st_mtime_ns == stamp
     finally:
         ops.library_path.cache_clear()
+
+
+def test_a_first_call_registers_the_kernel_itself():
+    """In a fresh process, calling the op (not `available()` first) builds and registers it."""
+    import subprocess
+    import sys
+    code = ("import jax.numpy as jnp\n"
+            "from jaxrl_kernels.cpu_decode_attention import write_and_attend\n"
+            "z = jnp.zeros\n"
+            "out, k, v = write_and_attend(z((1, 2, 16)), z((1, 1, 16)), z((1, 1, 16)),\n"
+            "    z((1, 1, 16, 4)), z((1, 1, 4, 16)), z(1, 'int32'), z(1, 'int32') + 1, 1.0)\n"
+            "print(out.shape)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "(1, 2, 16)"
