@@ -2,7 +2,7 @@
 //
 // Per row b and kv head h of a heads-major cache (keys [B, K, D, S], values [B, K, S, D]):
 // write the step's key and value at slot[b] in place, then attend the head's G queries
-// (pre-scaled, f32) to the row's first n[b] entries. Scores, softmax and sums are f32; the
+// (f32, the scores times `scale`) to the row's first n[b] entries. Scores, softmax and sums are f32; the
 // cache is bf16 or f32. Rows x heads are shared between the calling thread and XLA's intra-op
 // pool through one atomic counter: the caller never waits for a task nobody has claimed.
 //
@@ -16,9 +16,14 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
 
 namespace ffi = xla::ffi;
 
@@ -65,11 +70,11 @@ inline F16 vexp(F16 x) {
   return p * scale;
 }
 
-// scores[g, j] = q[g0 + g] . k[:, j] for j in [0, n), GB queries at a time; sc rows hold n16.
+// scores[g, j] = q[g0 + g] . k[:, j] for j in [j0, n16), GB queries at a time; sc rows hold n16.
 // Two 16-slot vectors a key row (one 64-byte line of bf16) per pass over the head's D rows.
 template <typename T, int GB>
-void scores(const float* q, const T* k, int g0, int n, int n16, int D, int S, float* sc) {
-  int j = 0;
+void scores(const float* q, const T* k, int g0, int j0, int n16, int D, int S, float* sc) {
+  int j = j0;
   for (; j + 2 * L <= std::min(n16, S); j += 2 * L) {
     F16 a0[GB] = {}, a1[GB] = {};
     for (int d = 0; d < D; ++d) {
@@ -129,23 +134,140 @@ void values_gb(const float* sc, const T* v, const float* inv, int g0, int n, int
   }
 }
 
-// One row x kv head: q, out [G, D]; k [D, S]; v [S, D]; attends to slots [0, n).
-template <typename T>
-void attend(const float* q, const T* k, const T* v, float* out, int n, int G, int D, int S,
-            std::vector<float>& sc) {
-  const int n16 = (n + L - 1) / L * L;
-  sc.resize(size_t(G) * n16 + G);
-  float* inv = sc.data() + size_t(G) * n16;
-  for (int g0 = 0; g0 < G; g0 += 4) {
-    switch (std::min(4, G - g0)) {
-      case 1: scores<T, 1>(q, k, g0, n, n16, D, S, sc.data()); break;
-      case 2: scores<T, 2>(q, k, g0, n, n16, D, S, sc.data()); break;
-      case 3: scores<T, 3>(q, k, g0, n, n16, D, S, sc.data()); break;
-      default: scores<T, 4>(q, k, g0, n, n16, D, S, sc.data());
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+// bf16 caches on CPUs with AVX512_BF16: `vdpbf16ps` multiplies 16 pairs of bf16 and adds both
+// products to 16 f32 sums, half the instructions of widening to f32. A pair runs along the
+// contracted axis, so two key rows (d, d + 1) or two value rows (j, j + 1) are interleaved by
+// `unpacklo/hi_epi16`, which work within 128-bit lanes: the lo sums hold elements
+// {0-3, 8-11, 16-19, 24-27} of 32 and the hi sums the rest, put back in order by `unmix`.
+#define JAXRL_BF16_DOTS 1
+
+inline __m512i load32(const uint16_t* p) { return _mm512_loadu_si512(p); }
+inline __m512 dot2(__m512 acc, __m512i pairs, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)pairs, (__m512bh)b);
+}
+inline void unmix(__m512 lo, __m512 hi, float* out32) {  // -> elements 0..31 in order
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29,
+                                           30, 31);
+  _mm512_storeu_ps(out32, _mm512_permutex2var_ps(lo, first, hi));
+  _mm512_storeu_ps(out32 + 16, _mm512_permutex2var_ps(lo, second, hi));
+}
+inline uint32_t bf16_pair(float a, float b) {  // round to nearest even; a in the low half
+  auto round = [](float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return (u + 0x7fff + ((u >> 16) & 1)) >> 16;
+  };
+  return round(a) | (round(b) << 16);
+}
+
+// Scores of 32-slot chunks [j, j + 32) within S; returns where the rest starts.
+template <int GB>
+int scores_bf16(const uint32_t* qpairs, const uint16_t* k, int g0, int n16, int D, int S,
+                float scale, float* sc) {
+  int j = 0;
+  for (; j + 32 <= std::min(n16, S); j += 32) {
+    __m512 lo[GB], hi[GB];
+    for (int g = 0; g < GB; ++g) lo[g] = hi[g] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 2) {
+      const __m512i a = load32(k + size_t(d) * S + j), b = load32(k + size_t(d + 1) * S + j);
+      const __m512i pl = _mm512_unpacklo_epi16(a, b), ph = _mm512_unpackhi_epi16(a, b);
+      for (int g = 0; g < GB; ++g) {
+        const __m512i qq = _mm512_set1_epi32(int(qpairs[(g0 + g) * (D / 2) + d / 2]));
+        lo[g] = dot2(lo[g], pl, qq);
+        hi[g] = dot2(hi[g], ph, qq);
+      }
+    }
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int g = 0; g < GB; ++g)
+      unmix(_mm512_mul_ps(lo[g], sv), _mm512_mul_ps(hi[g], sv), sc + size_t(g0 + g) * n16 + j);
+  }
+  return j;
+}
+
+// out[g0 + g, e0 : e0 + 64] = sum_j p[g0 + g, j] v[j, e0 : e0 + 64] / sum, rows j in pairs.
+template <int GB>
+void values_bf16(const uint32_t* ppairs, int half, const uint16_t* v, const float* inv, int g0,
+                 int e0, int n, int D, float* out) {
+  __m512 acc[GB][4];
+  for (int g = 0; g < GB; ++g) for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
+  for (int j = 0; j < n; j += 2) {
+    const uint16_t* r0 = v + size_t(j) * D + e0;
+    const __m512i a0 = load32(r0), a1 = load32(r0 + 32);
+    // an odd last row pairs with zeros (its probability's partner is 0 too)
+    const __m512i b0 = j + 1 < n ? load32(r0 + D) : _mm512_setzero_si512();
+    const __m512i b1 = j + 1 < n ? load32(r0 + D + 32) : _mm512_setzero_si512();
+    const __m512i u0 = _mm512_unpacklo_epi16(a0, b0), u1 = _mm512_unpackhi_epi16(a0, b0);
+    const __m512i u2 = _mm512_unpacklo_epi16(a1, b1), u3 = _mm512_unpackhi_epi16(a1, b1);
+    for (int g = 0; g < GB; ++g) {
+      const __m512i pp = _mm512_set1_epi32(int(ppairs[size_t(g0 + g) * half + j / 2]));
+      acc[g][0] = dot2(acc[g][0], u0, pp);
+      acc[g][1] = dot2(acc[g][1], u1, pp);
+      acc[g][2] = dot2(acc[g][2], u2, pp);
+      acc[g][3] = dot2(acc[g][3], u3, pp);
     }
   }
+  for (int g = 0; g < GB; ++g) {
+    const __m512 iv = _mm512_set1_ps(inv[g0 + g]);
+    float* o = out + (g0 + g) * D + e0;
+    unmix(_mm512_mul_ps(acc[g][0], iv), _mm512_mul_ps(acc[g][1], iv), o);
+    unmix(_mm512_mul_ps(acc[g][2], iv), _mm512_mul_ps(acc[g][3], iv), o + 32);
+  }
+}
+#endif
+
+// One row x kv head: q, out [G, D]; k [D, S]; v [S, D]; attends to slots [0, n) with scores
+// scaled by `scale`. `scratch` is the calling thread's.
+struct Scratch {
+  std::vector<float> q, sc;
+  std::vector<uint32_t> pairs;
+};
+
+template <typename F>
+void blocks_of_4(int G, F&& f) {  // f(g0, std::integral_constant<int, GB>) for blocks of <= 4
+  for (int g0 = 0; g0 < G; g0 += 4) {
+    switch (std::min(4, G - g0)) {
+      case 1: f(g0, std::integral_constant<int, 1>()); break;
+      case 2: f(g0, std::integral_constant<int, 2>()); break;
+      case 3: f(g0, std::integral_constant<int, 3>()); break;
+      default: f(g0, std::integral_constant<int, 4>());
+    }
+  }
+}
+
+template <typename T>
+void attend(const float* q_in, const T* k, const T* v, float* out, int n, int G, int D, int S,
+            float scale, Scratch& scratch) {
+  const int n16 = (n + L - 1) / L * L;
+  scratch.sc.resize(size_t(G) * n16 + G);
+  float* sc = scratch.sc.data();
+  float* inv = sc + size_t(G) * n16;
+  int done = 0;  // scores [0, done) are computed by the bf16 path
+#ifdef JAXRL_BF16_DOTS
+  constexpr bool bf16_dots = std::is_same_v<T, uint16_t>;
+  const bool paired = bf16_dots && D % 64 == 0;
+  if (paired) {  // q holds bf16 values (the model's), so its pairs are exact
+    scratch.pairs.resize(size_t(G) * std::max(D / 2, n16 / 2));
+    uint32_t* qp = scratch.pairs.data();
+    for (int i = 0; i < G * D; i += 2) qp[i / 2] = bf16_pair(q_in[i], q_in[i + 1]);
+    blocks_of_4(G, [&](int g0, auto gb) {
+      done = scores_bf16<decltype(gb)::value>(qp, reinterpret_cast<const uint16_t*>(k), g0, n16,
+                                              D, S, scale, sc);
+    });
+  }
+#else
+  const bool paired = false;
+#endif
+  if (done < n16) {  // f32 sums (an f32 cache, no AVX512_BF16, or the last slots)
+    scratch.q.resize(size_t(G) * D);
+    for (int i = 0; i < G * D; ++i) scratch.q[i] = q_in[i] * scale;
+    blocks_of_4(G, [&](int g0, auto gb) {
+      scores<T, decltype(gb)::value>(scratch.q.data(), k, g0, done, n16, D, S, sc);
+    });
+  }
   for (int g = 0; g < G; ++g) {
-    float* s = sc.data() + size_t(g) * n16;
+    float* s = sc + size_t(g) * n16;
     for (int j = n; j < n16; ++j) s[j] = -INFINITY;
     F16 m = splat(-INFINITY);
     for (int j = 0; j < n16; j += L) { F16 x = load(s + j); m = x > m ? x : m; }
@@ -159,14 +281,24 @@ void attend(const float* q, const T* k, const T* v, float* out, int n, int G, in
     }
     inv[g] = 1.f / hsum(sum);
   }
-  for (int g0 = 0; g0 < G; g0 += 4) {
-    switch (std::min(4, G - g0)) {
-      case 1: values_gb<T, 1>(sc.data(), v, inv, g0, n, n16, D, out); break;
-      case 2: values_gb<T, 2>(sc.data(), v, inv, g0, n, n16, D, out); break;
-      case 3: values_gb<T, 3>(sc.data(), v, inv, g0, n, n16, D, out); break;
-      default: values_gb<T, 4>(sc.data(), v, inv, g0, n, n16, D, out);
-    }
+#ifdef JAXRL_BF16_DOTS
+  if (paired) {  // probabilities rounded to bf16 pairs, as XLA's bf16 p @ v rounds them
+    const int half = n16 / 2;
+    uint32_t* pp = scratch.pairs.data();
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < n16; j += 2) pp[size_t(g) * half + j / 2] =
+          bf16_pair(sc[size_t(g) * n16 + j], sc[size_t(g) * n16 + j + 1]);
+    for (int e0 = 0; e0 < D; e0 += 64)
+      blocks_of_4(G, [&](int g0, auto gb) {
+        values_bf16<decltype(gb)::value>(pp, half, reinterpret_cast<const uint16_t*>(v), inv, g0,
+                                         e0, n, D, out);
+      });
+    return;
   }
+#endif
+  blocks_of_4(G, [&](int g0, auto gb) {
+    values_gb<T, decltype(gb)::value>(sc, v, inv, g0, n, n16, D, out);
+  });
 }
 
 using Queries = ffi::Buffer<ffi::F32, 4>;  // aliases: a macro argument may not hold commas
@@ -179,11 +311,11 @@ struct Counter {
 template <typename T>
 ffi::Error step(ffi::ThreadPool pool, const float* q, const T* k_new, const T* v_new, T* k, T* v,
                 const int32_t* slot, const int32_t* n, float* out, int64_t B, int64_t K,
-                int64_t G, int64_t D, int64_t S) {
+                int64_t G, int64_t D, int64_t S, float scale) {
   const int64_t total = B * K;
   auto counter = std::make_shared<Counter>();
   auto work = [=]() {
-    thread_local std::vector<float> sc;
+    thread_local Scratch scratch;
     for (int64_t i; (i = counter->next.fetch_add(1)) < total;) {
       const int64_t b = i / K;
       T* kc = k + i * D * S;
@@ -192,7 +324,8 @@ ffi::Error step(ffi::ThreadPool pool, const float* q, const T* k_new, const T* v
       for (int64_t d = 0; d < D; ++d) kc[d * S + at] = k_new[i * D + d];
       std::memcpy(vc + at * D, v_new + i * D, sizeof(T) * D);
       const int rows = int(std::clamp<int64_t>(n[b], 1, S));
-      attend<T>(q + i * G * D, kc, vc, out + i * G * D, rows, int(G), int(D), int(S), sc);
+      attend<T>(q + i * G * D, kc, vc, out + i * G * D, rows, int(G), int(D), int(S), scale,
+                scratch);
       counter->done.fetch_add(1);
     }
   };
@@ -210,7 +343,7 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, Queries q, ffi::AnyBuffer k_new
                            ffi::AnyBuffer v_new, ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache,
                            Rows slot, Rows n,
                            ffi::Result<Queries> out, ffi::Result<ffi::AnyBuffer> k_out,
-                           ffi::Result<ffi::AnyBuffer> v_out) {
+                           ffi::Result<ffi::AnyBuffer> v_out, float scale) {
   const auto qd = q.dimensions();  // [B, K, G, D]
   const auto kd = k_cache.dimensions();  // [B, K, D, S]
   const int64_t B = qd[0], K = qd[1], G = qd[2], D = qd[3];
@@ -233,12 +366,12 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, Queries q, ffi::AnyBuffer k_new
                           static_cast<const uint16_t*>(v_new.untyped_data()),
                           static_cast<uint16_t*>(k_out->untyped_data()),
                           static_cast<uint16_t*>(v_out->untyped_data()), slot.typed_data(),
-                          n.typed_data(), out->typed_data(), B, K, G, D, S);
+                          n.typed_data(), out->typed_data(), B, K, G, D, S, scale);
   return step<float>(pool, q.typed_data(), static_cast<const float*>(k_new.untyped_data()),
                      static_cast<const float*>(v_new.untyped_data()),
                      static_cast<float*>(k_out->untyped_data()),
                      static_cast<float*>(v_out->untyped_data()), slot.typed_data(),
-                     n.typed_data(), out->typed_data(), B, K, G, D, S);
+                     n.typed_data(), out->typed_data(), B, K, G, D, S, scale);
 }
 
 }  // namespace
@@ -246,7 +379,7 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, Queries q, ffi::AnyBuffer k_new
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxrl_cpu_decode_attention, DecodeAttention,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<Queries>()                  // q [B, K, G, D], scaled
+                                  .Arg<Queries>()                  // q [B, K, G, D]
                                   .Arg<ffi::AnyBuffer>()            // k_new [B, K, D]
                                   .Arg<ffi::AnyBuffer>()            // v_new [B, K, D]
                                   .Arg<ffi::AnyBuffer>()            // k_cache [B, K, D, S]
@@ -255,4 +388,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxrl_cpu_decode_attention, DecodeAttention,
                                   .Arg<Rows>()                     // n [B]
                                   .Ret<Queries>()                  // out [B, K, G, D]
                                   .Ret<ffi::AnyBuffer>()            // k_cache, in place
-                                  .Ret<ffi::AnyBuffer>());          // v_cache, in place
+                                  .Ret<ffi::AnyBuffer>()            // v_cache, in place
+                                  .Attr<float>("scale"));

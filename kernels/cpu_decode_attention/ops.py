@@ -22,6 +22,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 TARGET = "jaxrl_cpu_decode_attention"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel.cc")
@@ -116,12 +117,12 @@ def write_and_attend(q_BHD, k_new_BKD, v_new_BKD, k_cache_BKDS, v_cache_BKSD, sl
         raise ValueError(f"caches {k_cache_BKDS.shape} / {v_cache_BKSD.shape} do not match "
                          f"queries {q_BHD.shape}: want [B, K, D, S] and [B, K, S, D]")
     dtype = k_cache_BKDS.dtype
-    q_BKGD = (q_BHD.astype(jnp.float32) * scale).reshape(b, hkv, hq // hkv, d)
+    q_BKGD = q_BHD.astype(jnp.float32).reshape(b, hkv, hq // hkv, d)
     shapes = (jax.ShapeDtypeStruct(q_BKGD.shape, jnp.float32),
               jax.ShapeDtypeStruct(k_cache_BKDS.shape, dtype),
               jax.ShapeDtypeStruct(v_cache_BKSD.shape, dtype))
     call = jax.ffi.ffi_call(TARGET, shapes, input_output_aliases={3: 1, 4: 2})
     out, k_cache, v_cache = call(q_BKGD, k_new_BKD.astype(dtype), v_new_BKD.astype(dtype),
                                  k_cache_BKDS, v_cache_BKSD, slot_B.astype(jnp.int32),
-                                 n_B.astype(jnp.int32))
+                                 n_B.astype(jnp.int32), scale=np.float32(scale))
     return out.reshape(b, hq, d).astype(q_BHD.dtype), k_cache, v_cache
