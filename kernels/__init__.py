@@ -2,9 +2,9 @@
 
 Per Pallas op a package with ``kernel.py`` (TPU Mosaic body), ``kernel_gpu.py`` (GPU Triton
 body), ``ops.py`` (jitted wrapper, frozen ``BlockSizes``, backend dispatch) and ``reference.py``
-(pure jnp). ``cpu_decode_attention`` is the one CPU kernel: ``kernel.cc`` (C++, an XLA FFI
-custom call compiled on first use), ``ops.py`` (build, registration, the call) and
-``reference.py``.
+(pure jnp). The CPU kernels (``cpu_decode_attention``, ``cpu_top_k``) are C++ XLA FFI custom
+calls: ``kernel.cc``, ``ops.py`` (the call) and a reference (``reference.py``, or the
+``lax`` op), built on first use by ``_cpu_build.py``.
 The folder is ``kernels/``; it installs under the import name ``jaxrl_kernels`` (``kernels`` on
 PyPI is another project's). Imports are lazy so ``import jaxrl_kernels`` costs nothing until an op
 is used.

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl.models import lowp_dots
+from jaxrl_kernels import cpu_top_k
 
 _KEY_IMPL = "threefry2x32"
 _NEG_INF = -jnp.inf
@@ -197,6 +198,15 @@ def _argmax(x_BV):
     return jnp.min(jnp.where(x_BV == max_B1, iota_V[None, :], x_BV.shape[-1]), axis=-1)
 
 
+def _top_k(x_BN, k: int):
+    """`lax.top_k`; in a CPU engine's step (`lowp_dots.active()`) the multi-threaded
+    `jaxrl_kernels.cpu_top_k` when it is built: XLA:CPU sorts each row on one thread."""
+    if (lowp_dots.active() and x_BN.ndim == 2 and x_BN.dtype == jnp.float32
+            and cpu_top_k.available()):
+        return cpu_top_k.top_k(x_BN, k)
+    return jax.lax.top_k(x_BN, k)
+
+
 def top_candidates(x_BV, k: int, block: int | None = None, *, vocab_major: bool = False):
     """The `k` largest values of each row in descending order, and their indices.
 
@@ -217,22 +227,22 @@ def top_candidates(x_BV, k: int, block: int | None = None, *, vocab_major: bool 
         block = 1 << max(0, math.ceil(math.log2(math.sqrt(v / k)))) if lowp_dots.active() else 128
     n = -(-v // block)
     if n < 2 * k or block < 16:  # too few blocks, or too small, for the two levels to pay
-        return jax.lax.top_k(x_BV.T if vocab_major else x_BV, k)
+        return _top_k(x_BV.T if vocab_major else x_BV, k)
     pad = n * block - v
     if vocab_major:
         blocks_NWB = jnp.pad(x_BV, ((0, pad), (0, 0)), constant_values=_NEG_INF).reshape(
             n, block, b)
-        _, blk_BK = jax.lax.top_k(jnp.max(blocks_NWB, axis=1).T, k)
+        _, blk_BK = _top_k(jnp.max(blocks_NWB, axis=1).T, k)
         pool_BKW = blocks_NWB[blk_BK[:, :, None], jnp.arange(block)[None, None, :],
                               jnp.arange(b)[:, None, None]]
         pool_BP = pool_BKW.reshape(b, k * block)
     else:
         blocks_BNW = jnp.pad(x_BV, ((0, 0), (0, pad)), constant_values=_NEG_INF).reshape(
             b, n, block)
-        _, blk_BK = jax.lax.top_k(jnp.max(blocks_BNW, axis=-1), k)
+        _, blk_BK = _top_k(jnp.max(blocks_BNW, axis=-1), k)
         pool_BP = jnp.take_along_axis(blocks_BNW, blk_BK[:, :, None], axis=1).reshape(
             b, k * block)
-    vals_BK, pos_BK = jax.lax.top_k(pool_BP, k)
+    vals_BK, pos_BK = _top_k(pool_BP, k)
     idx_BK = jnp.take_along_axis(blk_BK, pos_BK // block, axis=1) * block + pos_BK % block
     # XLA:CPU keeps a `top_k` as its fast TopK call only while every user slices the first `k`
     # entries; a caller's `vals[:, :1]` merged into that slice turns it into a full sort of the

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrl.models.attention import cached_attention
+from jaxrl_kernels import _cpu_build
 from jaxrl_kernels import cpu_decode_attention as cda
 from jaxrl_kernels.cpu_decode_attention import ops
 
@@ -93,27 +94,27 @@ def test_unsupported_heads_and_dtypes_are_left_to_xla():
 def test_without_a_compiler_the_build_says_why_and_the_step_keeps_xla(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("JAXRL_KERNEL_CACHE", str(tmp_path / "cache"))
-    ops.library_path.cache_clear()
+    _cpu_build.library_path.cache_clear()
     try:
         with pytest.warns(UserWarning, match="no-such-compiler.*stays on XLA"):
-            assert ops.library_path() is None
+            assert _cpu_build.library_path(ops.SOURCE) is None
     finally:
-        ops.library_path.cache_clear()  # the next caller finds the real build again
+        _cpu_build.library_path.cache_clear()  # the next caller finds the real build again
 
 
 def test_a_build_is_cached_by_its_inputs(monkeypatch, tmp_path):
     """A second process (here: a cleared cache) reuses the file instead of compiling again."""
     monkeypatch.setenv("JAXRL_KERNEL_CACHE", str(tmp_path))
-    ops.library_path.cache_clear()
+    _cpu_build.library_path.cache_clear()
     try:
-        first = ops.library_path()
+        first = _cpu_build.library_path(ops.SOURCE)
         assert first is not None and first.startswith(str(tmp_path))
         stamp = os.stat(first).st_mtime_ns
-        ops.library_path.cache_clear()
-        assert ops.library_path() == first
+        _cpu_build.library_path.cache_clear()
+        assert _cpu_build.library_path(ops.SOURCE) == first
         assert os.stat(first).st_mtime_ns == stamp
     finally:
-        ops.library_path.cache_clear()
+        _cpu_build.library_path.cache_clear()
 
 
 def test_a_first_call_registers_the_kernel_itself():
