@@ -82,7 +82,27 @@ def test_decode_step_lowering_unchanged_off_cpu(monkeypatch, platform):
     monkeypatch.setattr(lowp_dots, "matmul", operator.matmul)
     monkeypatch.setattr(lowp_dots, "write_as_bits", lambda write, *args: write(*args))
     monkeypatch.setattr(lowp_dots, "take_rows", operator.getitem)
+    monkeypatch.setattr(lowp_dots, "gated", lambda act, gate, up: act(gate) * up)
     assert _lowered(_engine(monkeypatch, device), platform) == ours
+
+
+def test_a_wide_glu_activation_rounds_once():
+    """Inside `wide_results` a bf16 `silu(gate) * up` is computed in f32 and rounded once (as a
+    fused SiLU-and-multiply kernel), not rounded to bf16 after each of its five steps; outside,
+    and for f32, it is the plain expression."""
+    rng = np.random.default_rng(0)
+    gate, up = (jnp.asarray(rng.standard_normal((64, 96)) * 3, BF16) for _ in range(2))
+    once = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(BF16)
+    with lowp_dots.wide_results(True):
+        wide = jax.jit(lambda g, u: lowp_dots.gated(jax.nn.silu, g, u))(gate, up)
+        f32 = lowp_dots.gated(jax.nn.silu, gate.astype(jnp.float32), up.astype(jnp.float32))
+    np.testing.assert_array_equal(np.asarray(wide, np.float32), np.asarray(once, np.float32))
+    plain = jax.nn.silu(gate) * up
+    np.testing.assert_array_equal(np.asarray(lowp_dots.gated(jax.nn.silu, gate, up), np.float32),
+                                  np.asarray(plain, np.float32))
+    assert not np.array_equal(np.asarray(plain, np.float32), np.asarray(once, np.float32))
+    np.testing.assert_array_equal(np.asarray(f32), np.asarray(jax.nn.silu(gate.astype(
+        jnp.float32)) * up.astype(jnp.float32)))
 
 
 @pytest.mark.parametrize("ring", [False, True])
@@ -220,6 +240,9 @@ def test_a_cpu_prefill_holds_its_rotations_as_constants(monkeypatch):
     rotation and evaluates them per head. The prefix is the one an in-step table gives: the
     cache and the last logits equal, and those logits equal the plain forward pass's."""
     tokens, lengths = np.array([[5, 9, 17, 2], [40, 3, 0, 0]], np.int32), np.array([4, 2])
+    # the plain engine below also traces the plain dots and GLU; the GLU's single rounding
+    # (`lowp_dots.gated`) would differ from them, so both engines here take the plain one
+    monkeypatch.setattr(lowp_dots, "gated", lambda act, gate, up: act(gate) * up)
 
     def prefill(engine):
         fn = engine._prefill_rows_fn

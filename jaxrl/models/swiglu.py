@@ -29,7 +29,7 @@ def swiglu(x_BTE, w_gate_EF, w_up_EF, w_down_FE):
 def _forward(x_BTE, w_gate_EF, w_up_EF, w_down_FE):
     gate_BTF = lowp_dots.matmul(x_BTE, w_gate_EF)
     up_BTF = lowp_dots.matmul(x_BTE, w_up_EF)
-    out_BTE = lowp_dots.matmul(jax.nn.silu(gate_BTF) * up_BTF, w_down_FE)
+    out_BTE = lowp_dots.matmul(lowp_dots.gated(jax.nn.silu, gate_BTF, up_BTF), w_down_FE)
     return out_BTE, (x_BTE, w_gate_EF, w_up_EF, w_down_FE, gate_BTF, up_BTF)
 
 

@@ -335,7 +335,7 @@ class MLP(nnx.Module):
         if adapted:
             gate_BTF = gate_BTF + lora.delta(self, self.lora, "gate", x_BTE, 1)
             up_BTF = up_BTF + lora.delta(self, self.lora, "up", x_BTE, 1)
-        h_BTF = self._act(gate_BTF) * up_BTF
+        h_BTF = lowp_dots.gated(self._act, gate_BTF, up_BTF)
         out_BTE = project(self, "down_proj", h_BTF, dt)
         if adapted:
             out_BTE = out_BTE + lora.delta(self, self.lora, "down", h_BTF, 1)
