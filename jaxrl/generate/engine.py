@@ -162,9 +162,11 @@ class JaxEngine:
         return next(iter(devices)).platform
 
     def _traced(self, fn):
-        """`fn`, traced inside `lowp_dots.wide_results(self.wide_dots)`."""
+        """`fn` traced in `lowp_dots.wide_results` (the CPU kernels too on one device)."""
+        kernels = self.mesh is None or self.mesh.size == 1
+
         def traced(*args, **kwargs):
-            with lowp_dots.wide_results(self.wide_dots):
+            with lowp_dots.wide_results(self.wide_dots, kernels=kernels):
                 return fn(*args, **kwargs)
         traced.__name__ = getattr(fn, "__name__", None) or fn.func.__name__  # jit's name
         return traced
@@ -229,8 +231,7 @@ class JaxEngine:
         return SlotParams(
             key_data=np.asarray(key_data, np.uint32), sample_index=np.int32(sample_index),
             temperature=np.float32(temperature), top_k=np.int32(top_k), top_p=np.float32(top_p),
-            max_tokens=np.int32(max_tokens), stop_ids=stop_ids, min_tokens=np.int32(min_tokens),
-        )
+            max_tokens=np.int32(max_tokens), stop_ids=stop_ids, min_tokens=np.int32(min_tokens))
 
     def _version(self, version: int) -> jax.Array:
         """The version scalar, replicated on the generator mesh (which may exclude device 0)."""
@@ -520,8 +521,7 @@ class JaxEngine:
             min_tokens_B=state.min_tokens_B.at[slot].set(sp.min_tokens),
             pending_B=state.pending_B.at[slot].set(True),
             pending_logprob_B=state.pending_logprob_B.at[slot].set(logprob),
-            pending_version_B=state.pending_version_B.at[slot].set(prefix.version),
-        )
+            pending_version_B=state.pending_version_B.at[slot].set(prefix.version))
 
     def _release_impl(self, state: DecodeState, slot):
         return dataclasses.replace(

@@ -199,9 +199,10 @@ def _argmax(x_BV):
 
 
 def _top_k(x_BN, k: int):
-    """`lax.top_k`; in a CPU engine's step (`lowp_dots.active()`) the multi-threaded
-    `jaxrl_kernels.cpu_top_k` when it is built: XLA:CPU sorts each row on one thread."""
-    if (lowp_dots.active() and x_BN.ndim == 2 and x_BN.dtype == jnp.float32
+    """`lax.top_k`; in the step of an engine on one CPU device (`lowp_dots.cpu_kernels()`) the
+    multi-threaded `jaxrl_kernels.cpu_top_k` when it is built: XLA:CPU sorts each row on one
+    thread."""
+    if (lowp_dots.cpu_kernels() and x_BN.ndim == 2 and x_BN.dtype == jnp.float32
             and cpu_top_k.available()):
         return cpu_top_k.top_k(x_BN, k)
     return jax.lax.top_k(x_BN, k)

@@ -199,10 +199,10 @@ class KVCache:
         return out_BTHD, (k_cache, v_cache)
 
     def _cpu_kernel(self, q_BTHD, impl: str, options) -> bool:
-        """A CPU engine's decode step (one token a row, heads-major, no window or softcap) on a
-        layer that keeps every position: `jaxrl_kernels.cpu_decode_attention` when it is built
-        (docs/design.md)."""
-        return (q_BTHD.shape[1] == 1 and self.heads_major and lowp_dots.active()
+        """A decode step of an engine on one CPU device (one token a row, heads-major, no window
+        or softcap) on a layer that keeps every position: `jaxrl_kernels.cpu_decode_attention`
+        when it is built (docs/design.md)."""
+        return (q_BTHD.shape[1] == 1 and self.heads_major and lowp_dots.cpu_kernels()
                 and resolve_impl(impl) == "xla"
                 and options.get("window") is None and options.get("softcap") is None
                 and cpu_decode_attention.supports(q_BTHD.shape[-1], self.k[0].dtype)

@@ -27,17 +27,20 @@ import numpy as np
 from flax import nnx
 
 _WIDE = contextvars.ContextVar("jaxrl_wide_lowp_dots", default=False)
+_KERNELS = contextvars.ContextVar("jaxrl_cpu_kernels", default=False)
 LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 @contextlib.contextmanager
-def wide_results(enabled: bool = True):
-    """Within: low-precision dots traced by `einsum` / `matmul` ask for f32 results."""
-    token = _WIDE.set(bool(enabled))
+def wide_results(enabled: bool = True, *, kernels: bool = False):
+    """Within: low-precision dots traced by `einsum` / `matmul` ask for f32 results; with
+    `kernels`, the step may call jaxrl's CPU custom calls (`cpu_kernels()`)."""
+    tokens = _WIDE.set(bool(enabled)), _KERNELS.set(bool(enabled and kernels))
     try:
         yield
     finally:
-        _WIDE.reset(token)
+        _WIDE.reset(tokens[0])
+        _KERNELS.reset(tokens[1])
 
 
 def _wide(x, w) -> bool:
@@ -47,6 +50,13 @@ def _wide(x, w) -> bool:
 def active() -> bool:
     """Whether this trace is inside `wide_results(True)` (an engine on CPU devices)."""
     return _WIDE.get()
+
+
+def cpu_kernels() -> bool:
+    """Whether this trace may call the CPU custom calls (`jaxrl_kernels.cpu_*`): an engine on
+    one CPU device. They have no sharding rule, so over several devices XLA would gather their
+    operands (a whole KV cache a layer) and run each call whole on every device."""
+    return _KERNELS.get()
 
 
 def write_as_bits(write, cache, new, *rest):

@@ -131,3 +131,28 @@ def test_a_first_call_registers_the_kernel_itself():
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "(1, 2, 16)"
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_an_engine_calls_the_cpu_kernels_only_on_one_device(devices):
+    """Neither kernel has a sharding rule: over several devices XLA would gather a whole cache
+    a layer and run each call whole on every device, so an engine with a multi-device mesh
+    keeps its XLA step (and its sharded attention)."""
+    from jaxrl.generate.engine import JaxEngine
+    from jaxrl.models.model import create_model
+    from jaxrl.presets import tiny_model_config
+    from jaxrl.sharding import make_mesh
+    from jaxrl_kernels import cpu_top_k
+
+    mesh = make_mesh((devices, 1), "generator", jax.devices()[:devices])
+    cfg = tiny_model_config(attention_impl="xla", dtype="bfloat16", param_dtype="bfloat16",
+                            vocab_size=512)
+    engine = JaxEngine(create_model(cfg, seed=0), num_slots=4, max_len=16, chunk_steps=2,
+                       mesh=mesh)
+    state = engine.init_decode_state()
+    hlo = engine._chunk_fns[1].lower(engine.params, state, np.int32(3)).as_text()
+    calls = hlo.count(ops.TARGET), hlo.count(cpu_top_k.ops.TARGET)
+    if devices == 1:  # one attention call a layer; the sampler's top-k in each of its paths
+        assert calls[0] == cfg.num_layers and calls[1] >= 1, calls
+    else:
+        assert calls == (0, 0), calls

@@ -44,8 +44,8 @@ def test_bad_arguments_name_the_valid_ones():
 
 
 def test_a_cpu_engine_sampler_uses_it_and_samples_the_same_tokens():
-    """`top_candidates` inside a CPU engine's trace (`lowp_dots.wide_results`) calls the kernel
-    and finds the same candidates as outside it (`lax.top_k`)."""
+    """`top_candidates` inside a one-device CPU engine's trace (`lowp_dots.cpu_kernels()`) calls
+    the kernel and finds the same candidates as outside it (`lax.top_k`)."""
     from jaxrl.generate.sampling import top_candidates
     from jaxrl.models import lowp_dots
     x = jnp.asarray(np.random.default_rng(3).normal(size=(32000, 16)), jnp.float32)
@@ -54,7 +54,7 @@ def test_a_cpu_engine_sampler_uses_it_and_samples_the_same_tokens():
         return top_candidates(x, 64, vocab_major=True)
 
     plain = jax.jit(find)
-    with lowp_dots.wide_results(True):
+    with lowp_dots.wide_results(True, kernels=True):  # an engine on one CPU device
         wide = jax.jit(find)
         hlo = wide.lower(x).as_text()
         got = wide(x)
