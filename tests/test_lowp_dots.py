@@ -86,6 +86,33 @@ def test_decode_step_lowering_unchanged_off_cpu(monkeypatch, platform):
     assert _lowered(_engine(monkeypatch, device), platform) == ours
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16])
+def test_a_wide_contraction_over_two_axes_is_one_dot_without_transposes(dtype):
+    """o's `bthd,hde->bte`: `jnp.einsum` orders the contracted axes `d, h`, and XLA:CPU then
+    transposes the whole weight and the input at every call; inside `wide_results` it is one
+    `[B*T, H*D] @ [H*D, E]` dot on the arrays as they lie, with the same sums (up to order)."""
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.normal(size=(6, 1, 8, 16)), dtype)
+    w = jnp.asarray(rng.normal(size=(8, 16, 32)), dtype)
+
+    def o_proj(x, w):
+        return lowp_dots.einsum("bthd,hde->bte", x, w)
+
+    plain = jax.jit(o_proj)
+    transposes = re.compile(r"= \S+ transpose\(")
+    assert transposes.search(plain.lower(x, w).compile().as_text())  # what the flat dot avoids
+    with lowp_dots.wide_results(True):
+        wide = jax.jit(lambda x, w: o_proj(x, w))
+        hlo = wide.lower(x, w).compile().as_text()
+        got = wide(x, w)
+    assert not transposes.search(hlo) and got.shape == (6, 1, 32) and got.dtype == dtype
+    want = np.einsum("bthd,hde->bte", np.asarray(x, np.float64), np.asarray(w, np.float64))
+    tol = 5e-2 if dtype == BF16 else 1e-4
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
+    # a spec of another form keeps jnp.einsum (here: the weight's contracted axes reversed)
+    assert lowp_dots._flat_dot("bthd,dhe->bte", x, w.transpose(1, 0, 2)) is None
+
+
 def test_a_wide_glu_activation_rounds_once():
     """Inside `wide_results` a bf16 `silu(gate) * up` is computed in f32 and rounded once (as a
     fused SiLU-and-multiply kernel), not rounded to bf16 after each of its five steps; outside,

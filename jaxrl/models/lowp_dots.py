@@ -72,10 +72,29 @@ def write_as_bits(write, cache, new, *rest):
 
 
 def einsum(spec: str, x, w):
-    """`jnp.einsum(spec, x, w)`; inside `wide_results`, with an f32 result rounded back."""
+    """`jnp.einsum(spec, x, w)`; inside `wide_results`, with an f32 result rounded back, and a
+    contraction over several axes (`bthd,hde->bte`) as one 2-D dot (`_flat_dot`)."""
+    if _WIDE.get() and (flat := _flat_dot(spec, x, w)) is not None:
+        return flat
     if _wide(x, w):
         return jnp.einsum(spec, x, w, preferred_element_type=jnp.float32).astype(x.dtype)
     return jnp.einsum(spec, x, w)
+
+
+def _flat_dot(spec: str, x, w):
+    """`x [rows..., contracted...] @ w [contracted..., cols...]` with several contracted axes, in
+    the same order on both sides, as `[rows, K] @ [K, cols]` (None for any other spec).
+    `jnp.einsum` lists the contracted axes in its own order (`d` before `h`), and XLA:CPU then
+    transposes both operands to it at every call: o's whole weight and its input, every layer
+    of every decode step."""
+    (x_axes, w_axes), out = spec.split("->")[0].split(","), spec.split("->")[1]
+    n = len([a for a in x_axes if a in w_axes and a not in out])
+    rows = x_axes[:len(x_axes) - n]
+    if n < 2 or w_axes[:n] != x_axes[len(rows):] or out != rows + w_axes[n:]:
+        return None
+    k = int(np.prod(w.shape[:n]))
+    out2 = einsum("mk,kn->mn", x.reshape(-1, k), w.reshape(k, -1))
+    return out2.reshape(*x.shape[:len(rows)], *w.shape[n:])
 
 
 def matmul(x, w):
