@@ -80,3 +80,24 @@ def test_bad_arguments_name_what_it_wants():
         w8.w8a8_matmul(x, q.T, scale)
     with pytest.raises(ValueError, match=r"multiples of 16.*got K=24, N=16, float16"):
         w8.w8a8_matmul(jnp.ones((4, 24), jnp.float16), jnp.ones((24, 16), jnp.int8), scale)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+def test_a_w8a8_engine_calls_it_on_cpu_only(monkeypatch, platform):
+    """A w8a8 engine's decode step on one CPU device runs every projection as the custom call;
+    lowered for a GPU it keeps the int8 dot_general (no custom call)."""
+    from jaxrl.generate import JaxEngine
+    from jaxrl.models import create_model
+    from jaxrl.presets import tiny_model_config
+
+    cfg = tiny_model_config(attention_impl="xla", vocab_size=256)
+    model = quant.quantized_copy(create_model(cfg, seed=0), "w8a8")
+    monkeypatch.setattr(JaxEngine, "_platform", lambda self: "gpu" if platform == "cuda" else "cpu")
+    engine = JaxEngine(model, num_slots=2, max_len=16, chunk_steps=2, prefill_buckets=[4])
+    text = engine._chunk_fns[1].trace(engine.params, engine.init_decode_state(), np.int32(3)).lower(
+        lowering_platforms=(platform,)).as_text()
+    int8_dots = [line for line in text.splitlines() if "dot_general" in line and "xi8>" in line]
+    if platform == "cpu":  # q, k, v, o, gate, up, down in every layer
+        assert text.count(ops.TARGET) == 7 * cfg.num_layers and not int8_dots
+    else:
+        assert ops.TARGET not in text and len(int8_dots) == 7 * cfg.num_layers
