@@ -17,7 +17,7 @@ terms). XLA's CPU backend has an int8 dot (1.1-1.9x faster than its f32 one at a
 32 rows, but no faster than its bf16 one) and no mixed int8 x f32 one, so weight-only int8
 converts the weight to f32 before each dot and is slower than f32 there. Inside a one-device CPU
 engine's trace (`lowp_dots.cpu_kernels()`) each w8a8 projection is instead one custom call,
-`jaxrl_kernels.cpu_w8a8_matmul` (AVX512-VNNI, 2.7-4.7x the XLA form's time at 32-128 rows),
+`jaxrl_kernels.cpu_w8a8_matmul` (AVX512-VNNI, 2.7-4.7x as fast as the XLA form at 32-128 rows),
 whose results equal this module's XLA form bit for bit; accelerators keep the einsum.
 
 `"fp8"` is w8a8 in float8 e4m3 (3 mantissa bits, largest finite value 448; the scheme of fp8
